@@ -1,0 +1,90 @@
+"""Which ``TrainingArguments`` fields trainwell does not act on yet.
+
+Owns the one list of such fields. ``TrainingArguments.__post_init__`` calls :func:`check_supported`, so a
+script that sets one of them fails at construction with a message naming the field, its value and what to
+do, instead of training while silently ignoring it. When a feature lands, its row leaves this table (and a
+test that sets the field starts passing instead of expecting the error).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# field -> why it is not honoured yet. A field is only an error when set to something other than its default
+# (or, for the entries in _ALLOWED_VALUES, to a value outside the supported ones).
+UNSUPPORTED: dict[str, str] = {
+    "push_to_hub": "trainwell never uploads to the Hugging Face Hub; push the saved output_dir yourself",
+    "hub_model_id": "Hub uploads are not supported",
+    "hub_token": "Hub uploads are not supported",
+    "hub_private_repo": "Hub uploads are not supported",
+    "hub_always_push": "Hub uploads are not supported",
+    "hub_revision": "Hub uploads are not supported",
+    "deepspeed": "DeepSpeed through Accelerate is not wired up yet",
+    "fsdp": "FSDP through Accelerate is not wired up yet",
+    "fsdp_config": "FSDP through Accelerate is not wired up yet",
+    "parallelism_config": "tensor/context/sequence parallelism is not supported",
+    "use_liger_kernel": "Liger kernels are not supported",
+    "liger_kernel_config": "Liger kernels are not supported",
+    "torch_compile": "torch.compile is not wired up yet",
+    "torch_compile_backend": "torch.compile is not wired up yet",
+    "torch_compile_mode": "torch.compile is not wired up yet",
+    "neftune_noise_alpha": "NEFTune noise is not implemented yet",
+    "auto_find_batch_size": "automatic batch-size search is not implemented yet",
+    "debug": "debug options (underflow_overflow, tpu_metrics_debug) are not implemented",
+    "enable_jit_checkpoint": "preemption checkpoints (SIGTERM) are not implemented yet",
+    "eval_accumulation_steps": "evaluation already moves each batch's outputs off the device; this knob is not implemented yet",
+    "batch_eval_metrics": "per-batch metrics are not implemented yet",
+    "include_for_metrics": "passing inputs/losses to compute_metrics is not implemented yet",
+    "eval_use_gather_object": "gathering Python objects in evaluation is not implemented yet",
+    "save_on_each_node": "saving on each node is not implemented yet",
+    "restore_callback_states_from_checkpoint": "restoring callback states is not implemented yet",
+    "project": "experiment trackers are not wired up yet",
+    "trackio_space_id": "experiment trackers are not wired up yet",
+    "trackio_bucket_id": "experiment trackers are not wired up yet",
+    "trackio_static_space_id": "experiment trackers are not wired up yet",
+}
+
+# Fields where some values are supported and others are not yet.
+_ALLOWED_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
+    "skip_memory_metrics": ((True,), "memory metrics (*_mem_cpu_*, *_mem_gpu_*) are not implemented yet"),
+    "eval_do_concat_batches": ((True,), "returning predictions as a list of batches is not implemented yet"),
+    "train_sampling_strategy": (
+        ("random", "sequential"),
+        "only 'random' and 'sequential' sampling are implemented yet",
+    ),
+}
+
+
+def check_supported(args: Any, defaults: dict[str, Any]) -> None:
+    """Raise ``NotImplementedError`` for the first field set to a value trainwell would ignore.
+
+    ``defaults`` maps field name -> declared default, so a field left at its default is never an error.
+    """
+    for name, why in UNSUPPORTED.items():
+        if not hasattr(args, name):
+            continue
+        value = getattr(args, name)
+        if _is_default(value, defaults.get(name)):
+            continue
+        raise NotImplementedError(
+            f"TrainingArguments.{name}={value!r} is not supported by trainwell yet ({why}). "
+            f"Leave {name} at its default ({defaults.get(name)!r}) to train without it."
+        )
+    for name, (allowed, why) in _ALLOWED_VALUES.items():
+        if not hasattr(args, name):
+            continue
+        value = getattr(args, name)
+        plain = getattr(value, "value", value)
+        if plain not in allowed:
+            raise NotImplementedError(
+                f"TrainingArguments.{name}={plain!r} is not supported by trainwell yet ({why}). "
+                f"Use one of {', '.join(repr(a) for a in allowed)}."
+            )
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    plain = getattr(value, "value", value)
+    if plain == default:
+        return True
+    # Empty containers and "" count as unset for list/dict/str fields declared with a None default.
+    return default is None and plain in ("", [], {}, ())
