@@ -1,0 +1,183 @@
+"""Reading and writing checkpoint files safely.
+
+Owns: model weights in safetensors (shared and tied tensors included), ``transformers``-style
+``save_pretrained`` when the model has it, loading that never unpickles code (``weights_only=True``), fsync,
+and the atomic publish of a checkpoint folder (write into a temporary sibling, then one rename).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainwell.checkpoint.layout import (
+    LEGACY_WEIGHTS_NAME,
+    TMP_PREFIX,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
+    """``torch.load`` restricted to tensors and plain containers: a crafted pickle cannot run code."""
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def torch_save(obj: Any, path: str | os.PathLike) -> None:
+    torch.save(obj, path)
+    fsync_file(path)
+
+
+def write_json(obj: Any, path: str | os.PathLike) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename or a new entry in ``path`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_model_weights(model: nn.Module, directory: str | os.PathLike, state_dict: dict | None = None) -> None:
+    """Write the model into ``directory`` as ``model.safetensors`` (and ``config.json`` for HF models).
+
+    A ``transformers`` model (one with ``save_pretrained``) saves itself, so its config and sharding come out as
+    ``from_pretrained`` expects. Any other module is written with safetensors' ``save_model``, which stores
+    one copy of tensors that share memory (tied embeddings) and restores the sharing on load.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "save_pretrained") and callable(model.save_pretrained):
+        kwargs: dict[str, Any] = {"safe_serialization": True}
+        if state_dict is not None:
+            kwargs["state_dict"] = state_dict
+        try:
+            model.save_pretrained(str(directory), **kwargs)
+        except TypeError:  # a save_pretrained without those keywords (not a transformers model)
+            model.save_pretrained(str(directory))
+    else:
+        from safetensors.torch import save_file, save_model
+
+        if state_dict is None:
+            save_model(model, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+        else:
+            save_file(_dedupe(state_dict), str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+    for file in directory.iterdir():
+        if file.is_file():
+            fsync_file(file)
+
+
+def _dedupe(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous copies, one per storage: safetensors refuses tensors that share memory."""
+    seen: dict[tuple[int, int], str] = {}
+    out = {}
+    for name, tensor in state_dict.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key in seen and tensor.numel() > 0:
+            continue
+        seen[key] = name
+        out[name] = tensor.detach().contiguous()
+    return out
+
+
+def load_model_weights(model: nn.Module, directory: str | os.PathLike, strict: bool = True) -> None:
+    """Load weights saved by :func:`save_model_weights` (or by the reference Trainer) into ``model``.
+
+    Missing or unexpected keys raise when ``strict`` (naming them), and are warned about otherwise.
+    """
+    directory = Path(directory)
+    from safetensors.torch import load_file
+
+    if (directory / WEIGHTS_NAME).is_file():
+        state = load_file(str(directory / WEIGHTS_NAME))
+    elif (directory / WEIGHTS_INDEX_NAME).is_file():
+        index = json.loads((directory / WEIGHTS_INDEX_NAME).read_text())
+        state = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            state.update(load_file(str(directory / shard)))
+    elif (directory / LEGACY_WEIGHTS_NAME).is_file():
+        state = safe_torch_load(directory / LEGACY_WEIGHTS_NAME)
+    else:
+        raise FileNotFoundError(
+            f"No model weights in {directory}: expected {WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} or {LEGACY_WEIGHTS_NAME}."
+        )
+    result = model.load_state_dict(state, strict=False)
+    # Tied weights saved once come back through the tie; they are not really missing.
+    missing = [k for k in result.missing_keys if not _is_tied_alias(model, k, state)]
+    if missing or result.unexpected_keys:
+        message = (
+            f"Weights in {directory} do not match the model: missing {missing}, "
+            f"unexpected {list(result.unexpected_keys)}."
+        )
+        if strict:
+            raise RuntimeError(message)
+        logger.warning(message)
+
+
+def _is_tied_alias(model: nn.Module, key: str, loaded: dict[str, torch.Tensor]) -> bool:
+    """True when parameter ``key`` shares storage with a parameter that was loaded."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    target = params.get(key)
+    if target is None:
+        return False
+    return any(
+        name in loaded and other.data_ptr() == target.data_ptr() for name, other in params.items() if name != key
+    )
+
+
+class AtomicDirectory:
+    """Write a folder under a temporary name and publish it with one rename when complete.
+
+    A crash at any instant leaves either the previous state or the complete new folder, never a partial one
+    under the final name. The temporary name is deterministic so several processes can write into it; the
+    owner (one process) creates it, and publishes it after the caller's barrier.
+    """
+
+    def __init__(self, final: str | os.PathLike) -> None:
+        self.final = Path(final)
+        self.tmp = self.final.parent / f"{TMP_PREFIX}{self.final.name}"
+
+    def create(self) -> Path:
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir(parents=True)
+        return self.tmp
+
+    def publish(self) -> Path:
+        """Rename the finished temporary folder into place, replacing an older folder of the same name."""
+        fsync_dir(self.tmp)
+        if self.final.exists():
+            trash = self.final.parent / f"{TMP_PREFIX}{self.final.name}.old"
+            shutil.rmtree(trash, ignore_errors=True)
+            os.rename(self.final, trash)
+            os.rename(self.tmp, self.final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(self.tmp, self.final)
+        fsync_dir(self.final.parent)
+        return self.final

@@ -1,0 +1,140 @@
+"""Building data loaders: sampler, collator, unused-column removal and worker seeding.
+
+Owns turning a dataset plus ``TrainingArguments`` into a ``torch.utils.data.DataLoader``. Sharding across
+processes and device placement are the runtime's job (``trainwell.backend``); the order of samples is the
+sampler's (``trainwell.data.samplers``); padding and stacking are the collators'.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any, Callable, Sequence
+
+from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
+
+from trainwell.data.samplers import ResumableSampler
+from trainwell.utils.seed import seed_worker
+
+logger = logging.getLogger(__name__)
+
+
+def has_length(dataset: Any) -> bool:
+    try:
+        return len(dataset) is not None
+    except (TypeError, NotImplementedError, AttributeError):
+        return False
+
+
+def is_iterable(dataset: Any) -> bool:
+    return isinstance(dataset, IterableDataset) or not has_length(dataset)
+
+
+def is_hf_dataset(dataset: Any) -> bool:
+    """A ``datasets.Dataset`` (checked by module name: ``datasets`` stays an optional package)."""
+    return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "column_names")
+
+
+def signature_columns(forward_params: dict[str, inspect.Parameter], label_names: Sequence[str]) -> list[str]:
+    """Sample keys the model can take: named ``forward`` arguments, label names, ``label`` and ``label_ids``."""
+    named = [
+        name
+        for name, p in forward_params.items()
+        if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    ]
+    return list(dict.fromkeys(named + list(label_names) + ["label", "label_ids"]))
+
+
+def _empty_batch_error(columns: Sequence[str], keys: Sequence[str]) -> ValueError:
+    return ValueError(
+        "remove_unused_columns=True would drop every key of your samples: the model's forward takes "
+        f"{list(columns)} but the samples have {list(keys)}. Rename the dataset's columns to match the "
+        "forward arguments, or pass remove_unused_columns=False to keep them all."
+    )
+
+
+class RemoveColumnsCollator:
+    """Wraps a collator and drops sample keys the model's ``forward`` does not take, before collating.
+
+    Unlike the reference it never hands an empty batch on: if nothing would be left it raises, naming the
+    forward arguments and the sample keys.
+    """
+
+    def __init__(self, collator: Callable, columns: Sequence[str]) -> None:
+        self.collator = collator
+        self.columns = frozenset(columns)
+        self._column_order = list(columns)
+        self._logged = False
+
+    def __call__(self, features: list[Any]) -> Any:
+        if features and isinstance(features[0], dict):
+            keys = list(features[0])
+            kept = [k for k in keys if k in self.columns]
+            if not kept:
+                raise _empty_batch_error(self._column_order, keys)
+            if len(kept) != len(keys) and not self._logged:
+                dropped = [k for k in keys if k not in self.columns]
+                logger.info("The following sample keys are not forward arguments and were dropped: %s", dropped)
+                self._logged = True
+            if len(kept) != len(keys):
+                features = [{k: f[k] for k in kept} for f in features]
+        return self.collator(features)
+
+
+def remove_hf_columns(dataset: Any, columns: Sequence[str]) -> Any:
+    """Drop the columns of a ``datasets.Dataset`` that the model cannot take (raising if none would be left)."""
+    present = list(dataset.column_names)
+    ignored = [c for c in present if c not in set(columns)]
+    if len(ignored) == len(present):
+        raise _empty_batch_error(columns, present)
+    if ignored:
+        logger.info("Columns not taken by the model's forward were removed from the dataset: %s", ignored)
+        dataset = dataset.remove_columns(ignored)
+    return dataset
+
+
+def build_dataloader(
+    dataset: Any,
+    *,
+    batch_size: int,
+    collate_fn: Callable,
+    args: Any,
+    sampler: Any = None,
+    train: bool,
+    rank: int = 0,
+) -> DataLoader:
+    """A ``DataLoader`` with the ``dataloader_*`` options of ``args`` applied."""
+    kwargs: dict[str, Any] = {
+        "batch_size": batch_size,
+        "collate_fn": collate_fn,
+        "num_workers": args.dataloader_num_workers,
+        "pin_memory": args.dataloader_pin_memory,
+        "persistent_workers": args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
+    }
+    if args.dataloader_num_workers > 0:
+        if args.dataloader_prefetch_factor is not None:
+            kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
+        if args.dataloader_multiprocessing_context is not None:
+            kwargs["multiprocessing_context"] = args.dataloader_multiprocessing_context
+        if not args.dataloader_in_order:
+            kwargs["in_order"] = False
+        kwargs["worker_init_fn"] = functools.partial(seed_worker, rank=rank)
+    if not isinstance(dataset, IterableDataset):
+        kwargs["sampler"] = sampler
+        kwargs["drop_last"] = args.dataloader_drop_last
+    elif args.dataloader_drop_last:
+        kwargs["drop_last"] = True
+    return DataLoader(dataset, **kwargs)
+
+
+def train_sampler(dataset: Dataset, args: Any) -> ResumableSampler:
+    """The training order: seeded random (``data_seed`` or ``seed``), or sequential."""
+    strategy = getattr(args.train_sampling_strategy, "value", args.train_sampling_strategy)
+    seed = args.data_seed if args.data_seed is not None else args.seed
+    return ResumableSampler(len(dataset), shuffle=strategy != "sequential", seed=seed)
+
+
+def eval_sampler(dataset: Dataset) -> SequentialSampler:
+    """Evaluation is always in dataset order (whatever the training strategy)."""
+    return SequentialSampler(dataset)

@@ -1,0 +1,48 @@
+"""Loss functions the Trainer applies itself (label smoothing), as plain functions of tensors."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+
+def logits_of(outputs: Any) -> torch.Tensor:
+    """The logits of a model output: ``outputs["logits"]``, ``outputs.logits`` or the first element."""
+    if isinstance(outputs, dict):
+        return outputs["logits"] if "logits" in outputs else next(iter(outputs.values()))
+    if isinstance(outputs, (tuple, list)):
+        return outputs[0]
+    if dataclasses.is_dataclass(outputs) or hasattr(outputs, "logits"):
+        return outputs.logits
+    return outputs
+
+
+def label_smoothed_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    epsilon: float,
+    shift_labels: bool = False,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """Cross-entropy with label smoothing: ``(1 - ε) · NLL + ε · mean_over_classes(−log p)``.
+
+    Both terms are averaged over the positions whose label is not ``ignore_index`` — or divided by
+    ``num_items_in_batch`` when given, so that gradient accumulation weights every token of the window equally.
+    """
+    if shift_labels:
+        logits = logits[..., :-1, :].contiguous()
+        labels = labels[..., 1:].contiguous()
+    log_probs = -torch.nn.functional.log_softmax(logits.float(), dim=-1)
+    if labels.dim() == log_probs.dim() - 1:
+        labels = labels.unsqueeze(-1)
+    padding = labels.eq(ignore_index)
+    safe_labels = labels.clamp(min=0)  # -100 is not a valid gather index; masked out below
+    nll = log_probs.gather(dim=-1, index=safe_labels).masked_fill(padding, 0.0)
+    smoothed = log_probs.sum(dim=-1, keepdim=True).masked_fill(padding, 0.0)
+    active = num_items_in_batch if num_items_in_batch is not None else padding.numel() - padding.long().sum()
+    nll_loss = nll.sum() / active
+    smoothed_loss = smoothed.sum() / (active * log_probs.shape[-1])
+    return (1 - epsilon) * nll_loss + epsilon * smoothed_loss

@@ -1,0 +1,229 @@
+"""The state the Trainer carries between events, and the flags callbacks use to steer it.
+
+Owns: ``TrainerState`` (what ``trainer_state.json`` holds, and what every callback reads),
+``TrainerControl`` (the five flags the loop acts on) and ``ExportableState`` (the ``state()``/``from_state``
+protocol by which callbacks survive a resume). Deciding *when* flags are set belongs to
+``trainwell.events.flow``; acting on them belongs to the fit loop; writing checkpoints belongs to
+``trainwell.checkpoint``. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Keys every trainer_state.json has carried since the first releases of the reference; anything else may be
+# absent in files written by older versions and takes its default.
+_REQUIRED_JSON_FIELDS = ("epoch", "global_step", "max_steps", "log_history")
+
+
+class ExportableState:
+    """Mixin for objects whose state is saved in ``TrainerState.stateful_callbacks`` and restored on resume.
+
+    ``state()`` returns ``{"args": {...}, "attributes": {...}}``: ``args`` are the constructor keyword
+    arguments, ``attributes`` the values that changed since construction. Both must be JSON-serializable
+    (no pickle: loading a checkpoint never executes code). ``from_state`` rebuilds an instance from that dict.
+    """
+
+    def state(self) -> dict[str, Any]:
+        raise NotImplementedError(
+            f"{type(self).__name__} inherits ExportableState but does not implement state(); return "
+            '{"args": {...constructor kwargs...}, "attributes": {...mutable fields...}}'
+        )
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Any:
+        """Build an instance with ``cls(**state["args"])``, then set each of ``state["attributes"]``."""
+        instance = cls(**state.get("args", {}))
+        for name, value in state.get("attributes", {}).items():
+            setattr(instance, name, value)
+        return instance
+
+
+@dataclass
+class TrainerControl(ExportableState):
+    """The flags through which callbacks steer the training loop.
+
+    The loop reads them after each event; ``DefaultFlowCallback`` sets them from the strategies.
+    ``should_training_stop`` stays set until a new ``train()``; ``should_epoch_stop`` is cleared at each
+    epoch begin; ``should_save``, ``should_evaluate`` and ``should_log`` are cleared at each step begin (and
+    each after the action it asks for), so a flag set by a callback applies to the current step only.
+    """
+
+    should_training_stop: bool = False
+    should_epoch_stop: bool = False
+    should_save: bool = False
+    should_evaluate: bool = False
+    should_log: bool = False
+
+    def _new_training(self) -> None:
+        self.should_training_stop = False
+
+    def _new_epoch(self) -> None:
+        self.should_epoch_stop = False
+
+    def _new_step(self) -> None:
+        self.should_save = False
+        self.should_evaluate = False
+        self.should_log = False
+
+    def state(self) -> dict[str, Any]:
+        flags = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {"args": flags, "attributes": {}}
+
+
+@dataclass
+class TrainerState:
+    """Everything about a run that callbacks read and that a checkpoint must carry to resume it.
+
+    One "step" is one optimizer update (``gradient_accumulation_steps`` micro-batches). ``epoch`` is
+    fractional during training. ``logging_steps``/``eval_steps``/``save_steps`` are absolute step counts
+    (ratios in the arguments are resolved by ``compute_steps``). ``log_history`` holds every logged dict with
+    its ``step``. ``best_metric``/``best_global_step``/``best_model_checkpoint`` track
+    ``metric_for_best_model``. ``stateful_callbacks`` maps a class name to that callback's ``state()`` dict, or
+    to a list of them when several instances of one class are attached.
+
+    Passing a list of callbacks as ``stateful_callbacks`` records their states (as the reference does);
+    a dict is taken as already recorded (loaded from JSON).
+    """
+
+    epoch: float = 0
+    global_step: int = 0
+    max_steps: int = 0
+    logging_steps: int = 500
+    eval_steps: int = 500
+    save_steps: int = 500
+    train_batch_size: int | None = None
+    num_train_epochs: int = 0
+    num_input_tokens_seen: int = 0
+    total_flos: float = 0
+    log_history: list[dict[str, float]] = field(default_factory=list)
+    best_metric: float | None = None
+    best_global_step: int | None = None
+    best_model_checkpoint: str | None = None
+    is_local_process_zero: bool = True
+    is_world_process_zero: bool = True
+    is_hyper_param_search: bool = False
+    trial_name: str | None = None
+    trial_params: dict[str, str | float | int | bool] | None = None
+    stateful_callbacks: dict[str, Any] | list[Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.log_history is None:
+            self.log_history = []
+        if self.stateful_callbacks is None:
+            self.stateful_callbacks = {}
+        elif not isinstance(self.stateful_callbacks, dict):
+            self.record_callback_states(self.stateful_callbacks)
+
+    def record_callback_states(self, callbacks: Iterable[Any]) -> dict[str, Any]:
+        """Rebuild ``stateful_callbacks`` from the ``ExportableState`` objects among ``callbacks``.
+
+        The mapping is rebuilt from scratch on every call, so saving N times with two instances of a class
+        stores two states, not 2N (the reference appends on each save). Other callbacks are skipped.
+        Returns the new mapping.
+        """
+        recorded: dict[str, Any] = {}
+        for callback in callbacks:
+            if not isinstance(callback, ExportableState):
+                continue
+            name = type(callback).__name__
+            if name not in recorded:
+                recorded[name] = callback.state()
+            elif isinstance(recorded[name], list):
+                recorded[name].append(callback.state())
+            else:
+                recorded[name] = [recorded[name], callback.state()]
+        self.stateful_callbacks = recorded
+        return recorded
+
+    def save_to_json(self, json_path: str | os.PathLike[str]) -> None:
+        """Write the state as sorted, 2-space-indented JSON plus a newline (the reference's format).
+
+        The file is written next to its final name and renamed into place, so a crash mid-write never
+        leaves a truncated ``trainer_state.json``.
+        """
+        text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+        tmp_path = f"{os.fspath(json_path)}.tmp"
+        with open(tmp_path, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp_path, json_path)
+
+    @classmethod
+    def load_from_json(cls, json_path: str | os.PathLike[str]) -> TrainerState:
+        """Read a state written by ``save_to_json`` (or by the reference Trainer).
+
+        Raises ValueError naming the file when it is not a JSON object or lacks one of ``epoch``,
+        ``global_step``, ``max_steps``, ``log_history``. Fields added by newer versions of the reference are
+        ignored with a warning; fields missing from older files take their defaults.
+        """
+        with open(json_path, encoding="utf-8") as f:
+            text = f.read()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{os.fspath(json_path)} is not valid JSON ({exc}); the checkpoint is damaged: resume from "
+                "another checkpoint"
+            ) from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{os.fspath(json_path)} holds a {type(data).__name__}, not a TrainerState object")
+        missing = [name for name in _REQUIRED_JSON_FIELDS if name not in data]
+        if missing:
+            raise ValueError(
+                f"{os.fspath(json_path)} is not a trainer state: it lacks {', '.join(missing)}; resume from a "
+                "checkpoint folder written by Trainer"
+            )
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            logger.warning("Ignoring unknown fields %s in %s", unknown, os.fspath(json_path))
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def compute_steps(self, args: Any, max_steps: int) -> None:
+        """Set ``logging_steps``, ``eval_steps`` and ``save_steps`` from ``args``.
+
+        A value below 1 is a fraction of the run: ``ceil(max_steps * ratio)``. Other values are copied
+        (integral floats become ints); ``None`` keeps the current value.
+        """
+        for kind in ("logging", "eval", "save"):
+            value = getattr(args, f"{kind}_steps", None)
+            if value is None:
+                continue
+            if value < 1:
+                value = math.ceil(max_steps * value)
+            elif isinstance(value, float) and value.is_integer():
+                value = int(value)
+            setattr(self, f"{kind}_steps", value)
+
+    def init_training_references(self, trainer: Any, max_steps: int, num_train_epochs: int, trial: Any) -> None:
+        """Record the run's length, the process roles and the hyperparameter-search trial, if any."""
+        hp_name = getattr(trainer, "hp_name", None)
+        current_trial = getattr(trainer, "_trial", None)
+        if hp_name is not None and current_trial is not None:
+            self.trial_name = hp_name(current_trial)
+        self.trial_params = None if trial is None else _trial_params(trial)
+        self.max_steps = max_steps
+        self.num_train_epochs = num_train_epochs
+        self.is_local_process_zero = bool(trainer.is_local_process_zero())
+        self.is_world_process_zero = bool(trainer.is_world_process_zero())
+
+
+def _trial_params(trial: Any) -> dict[str, Any]:
+    """The hyperparameters of a search trial: a dict (ray, wandb) or an object with ``params`` (optuna)."""
+    if isinstance(trial, dict):
+        return dict(trial)
+    params = getattr(trial, "params", None)
+    if isinstance(params, dict):
+        return dict(params)
+    raise TypeError(
+        f"Cannot read hyperparameters from a trial of type {type(trial).__name__}: pass a dict or an optuna trial"
+    )

@@ -1,0 +1,156 @@
+"""Model introspection: what a model's ``forward`` takes and returns, without importing ``transformers``.
+
+Owns label-name discovery, the ``accepts_loss_kwargs`` rule, loss extraction from the output shapes the
+Trainer accepts (dict, tuple/list with the loss first, dataclass with ``loss``/``logits``), and the flops
+estimate. ``transformers`` models are recognised by duck typing (class names in the MRO, ``config``,
+``save_pretrained``), never by import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """Strip DDP/compile wrappers (``.module`` / ``._orig_mod``) to reach the user's model."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def forward_parameters(model: nn.Module) -> dict[str, inspect.Parameter]:
+    """The parameters of ``model.forward`` (empty dict if the signature cannot be read)."""
+    try:
+        return dict(inspect.signature(unwrap(model).forward).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def is_pretrained_model(model: nn.Module) -> bool:
+    """True for a ``transformers`` ``PreTrainedModel`` (checked by class name, so transformers is never imported)."""
+    return any(cls.__name__ == "PreTrainedModel" for cls in type(unwrap(model)).__mro__)
+
+
+def find_label_names(model: nn.Module) -> list[str]:
+    """Forward arguments that hold labels: every name containing "label", plus the QA span names."""
+    params = forward_parameters(model)
+    names = [name for name in params if "label" in name]
+    if type(unwrap(model)).__name__.endswith("ForQuestionAnswering"):
+        names += [n for n in ("start_positions", "end_positions") if n in params]
+    return names
+
+
+def can_return_loss(model: nn.Module) -> bool:
+    """True when ``forward`` has ``return_loss=True`` by default (CLIP-style models computing a loss unasked)."""
+    param = forward_parameters(model).get("return_loss")
+    return param is not None and param.default is True
+
+
+def accepts_loss_kwargs(model: nn.Module) -> bool:
+    """Whether ``num_items_in_batch`` should be passed to ``forward`` (which then normalizes the loss by it).
+
+    An explicit ``model.accepts_loss_kwargs`` wins. Otherwise: a ``forward`` that names ``num_items_in_batch``,
+    or a ``transformers`` model whose ``forward`` takes ``**kwargs`` (its loss functions read it from there).
+
+    The reference also says yes for *any* module whose ``forward`` has ``**kwargs``; a plain module that
+    averages its own loss then gets a loss that is never divided by the accumulation steps, so its logged loss
+    and gradients are multiplied by them. trainwell does not guess that from ``**kwargs`` alone.
+    """
+    inner = unwrap(model)
+    explicit = getattr(inner, "accepts_loss_kwargs", None)
+    if explicit is not None:
+        return bool(explicit)
+    params = forward_parameters(inner)
+    if "num_items_in_batch" in params:
+        return True
+    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return has_var_kw and is_pretrained_model(inner)
+
+
+def loss_shifts_labels(model: nn.Module) -> bool:
+    """Causal LMs predict token i+1 at position i, so the first label of each row is never a target."""
+    inner = unwrap(model)
+    config = getattr(inner, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    loss_type = getattr(inner, "loss_type", None) or ""
+    return "ForCausalLM" in str(loss_type) or type(inner).__name__.endswith("ForCausalLM")
+
+
+def main_input_name(model: nn.Module) -> str:
+    return getattr(unwrap(model), "main_input_name", "input_ids")
+
+
+def extract_loss(outputs: Any) -> torch.Tensor:
+    """The loss from a model output: ``outputs["loss"]``, ``outputs.loss`` or ``outputs[0]``."""
+    if isinstance(outputs, dict):
+        if "loss" not in outputs or outputs["loss"] is None:
+            raise ValueError(
+                f"The model returned a dict without a 'loss' (keys: {sorted(outputs)}). Pass labels in the batch so "
+                "the model computes its loss, give the Trainer a compute_loss_func, or override compute_loss."
+            )
+        return outputs["loss"]
+    if isinstance(outputs, (tuple, list)):
+        if not outputs:
+            raise ValueError("The model returned an empty tuple; it must return the loss first.")
+        return outputs[0]
+    if dataclasses.is_dataclass(outputs) or hasattr(outputs, "loss"):
+        loss = getattr(outputs, "loss", None)
+        if loss is None:
+            raise ValueError(
+                f"The model returned a {type(outputs).__name__} whose 'loss' is None. Pass labels in the batch, "
+                "give the Trainer a compute_loss_func, or override compute_loss."
+            )
+        return loss
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    raise TypeError(
+        f"Cannot find a loss in a model output of type {type(outputs).__name__}: return a dict with 'loss', a "
+        "tuple whose first element is the loss, or a dataclass with a 'loss' field."
+    )
+
+
+def output_items(outputs: Any, ignore_keys: list[str] | tuple[str, ...] = ()) -> tuple[Any, ...]:
+    """The non-loss outputs (the logits and friends), in order, for prediction.
+
+    Dicts and dataclasses keep their values minus ``loss`` and ``ignore_keys`` (``None`` values dropped);
+    tuples/lists are taken whole (the caller strips the loss when it was first).
+    """
+    if isinstance(outputs, dict):
+        return tuple(v for k, v in outputs.items() if k not in ignore_keys and k != "loss" and v is not None)
+    if dataclasses.is_dataclass(outputs) and not isinstance(outputs, type):
+        values = ((f.name, getattr(outputs, f.name)) for f in dataclasses.fields(outputs))
+        return tuple(v for k, v in values if k not in ignore_keys and k != "loss" and v is not None)
+    if isinstance(outputs, (tuple, list)):
+        return tuple(outputs)
+    return (outputs,)
+
+
+def num_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in unwrap(model).parameters() if p.requires_grad or not trainable_only)
+
+
+def floating_point_ops(model: nn.Module, inputs: dict[str, Any]) -> int:
+    """6 × tokens × non-embedding parameters for models that report ``num_parameters``; 0 otherwise.
+
+    The estimate follows the reference (which only counts ``transformers`` models), so ``total_flos`` means
+    the same in both.
+    """
+    inner = unwrap(model)
+    counter = getattr(inner, "num_parameters", None)
+    if counter is None or not callable(counter):
+        return 0
+    main = inputs.get(main_input_name(inner)) if isinstance(inputs, dict) else None
+    if not isinstance(main, torch.Tensor):
+        return 0
+    try:
+        return 6 * main.numel() * counter(exclude_embeddings=True)
+    except TypeError:
+        return 6 * main.numel() * counter()
