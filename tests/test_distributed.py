@@ -1,0 +1,58 @@
+"""Two CPU processes (gloo) with batch b train like one process with batch 2b."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "distributed", "train_script.py")
+pytestmark = pytest.mark.distributed
+
+
+def _accelerate() -> list[str]:
+    exe = shutil.which("accelerate", path=os.path.dirname(sys.executable)) or shutil.which("accelerate")
+    if exe is None:
+        pytest.skip("the accelerate launcher is not installed")
+    return [exe]
+
+
+def _cpu_only() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("these launch commands are for CPU-only machines")
+
+
+def _run(cmd: list[str], tmp_path, name: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd + ["--out", str(out), "--workdir", str(tmp_path / name)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("model,ga", [("regression", 1), ("regression", 2), ("tokens", 2)])
+def test_two_ranks_equal_one_rank_with_double_batch(tmp_path, model, ga):
+    _cpu_only()
+    # On a machine without GPUs, `--multi_gpu` makes Accelerate start 2 CPU processes with gloo (torchrun);
+    # `--cpu` alone starts a single process in accelerate 1.x.
+    launch = _accelerate() + ["launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                              "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT]
+    two = _run(launch + ["--batch", "4", "--ga", str(ga), "--model", model], tmp_path, "two")
+    one = _run([sys.executable, SCRIPT, "--batch", "8", "--ga", str(ga), "--model", model], tmp_path, "one")
+    assert two["world"] == 2 and one["world"] == 1
+    assert two["steps"] == one["steps"]
+    for name, values in one["params"].items():
+        assert two["params"][name] == pytest.approx(values, rel=1e-4, abs=1e-6), name
+    assert two["losses"] == pytest.approx(one["losses"], rel=1e-4, abs=1e-6)
+    assert two["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-5)
+    # predictions cover exactly the dataset, in order: the samples Accelerate duplicated to even out the
+    # last batch (13 or 23 samples on 2 ranks) are dropped
+    np.testing.assert_allclose(np.asarray(two["predictions"]), np.asarray(one["predictions"]), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,175 @@
+"""evaluate() and predict(): metrics, prefixes, padding of variable lengths, dict eval sets, options."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from tests.common.models import RegressionDataset, RegressionModel
+from tests.conftest import make_args
+from trainwell import EvalPrediction, Trainer
+
+
+def test_eval_loss_is_weighted_per_sample(out_dir):
+    trainer = Trainer(model=RegressionModel(a=1.0, b=1.0), args=make_args(out_dir, per_device_eval_batch_size=8))
+    data = RegressionDataset(length=20)  # batches of 8, 8, 4
+    metrics = trainer.evaluate(data)
+    x = torch.tensor(data.x)
+    expected = nn.functional.mse_loss(x * 1.0 + 1.0, torch.tensor(data.ys[0])).item()
+    assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-5)
+    for key in ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second"):
+        assert key in metrics
+
+
+def test_compute_metrics_and_prefix(out_dir):
+    def compute_metrics(pred: EvalPrediction):
+        preds, labels = pred
+        assert isinstance(preds, np.ndarray) and preds.shape == labels.shape == (20,)
+        return {"mae": float(np.abs(preds - labels).mean())}
+
+    trainer = Trainer(model=RegressionModel(), args=make_args(out_dir), compute_metrics=compute_metrics)
+    metrics = trainer.evaluate(RegressionDataset(length=20), metric_key_prefix="dev")
+    assert "dev_mae" in metrics and "dev_loss" in metrics
+    out = trainer.predict(RegressionDataset(length=20))
+    assert "test_mae" in out.metrics
+
+
+def test_prediction_loss_only_and_ignore_keys(out_dir):
+    trainer = Trainer(model=RegressionModel(double_output=True), args=make_args(out_dir, prediction_loss_only=True))
+    out = trainer.predict(RegressionDataset(length=8))
+    assert out.predictions is None and "test_loss" in out.metrics
+
+    class Extra(RegressionModel):
+        def forward(self, input_x, labels=None):
+            out = super().forward(input_x, labels)
+            out["hidden"] = input_x * 2
+            return out
+
+    trainer = Trainer(model=Extra(), args=make_args(out_dir))
+    assert isinstance(trainer.predict(RegressionDataset(length=8)).predictions, tuple)
+    preds = trainer.predict(RegressionDataset(length=8), ignore_keys=["hidden"]).predictions
+    assert isinstance(preds, np.ndarray)
+
+
+class VarLenData(Dataset):
+    """Samples whose sequence length differs between batches."""
+
+    def __init__(self):
+        self.items = [torch.arange(3 + (i // 4)) for i in range(10)]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return {"ids": self.items[i].float(), "labels": self.items[i]}
+
+
+class EchoModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(()))
+
+    def forward(self, ids, labels=None):
+        return {"loss": (ids * self.w).mean() * 0, "logits": ids * self.w}
+
+
+def test_outputs_of_different_lengths_are_padded_with_minus_100(out_dir):
+    def collate(features):
+        # pad within a batch only: batches have different lengths
+        width = max(len(f["ids"]) for f in features)
+        ids = torch.stack([nn.functional.pad(f["ids"], (0, width - len(f["ids"])), value=0) for f in features])
+        labels = torch.stack([nn.functional.pad(f["labels"], (0, width - len(f["labels"])), value=-100)
+                              for f in features])
+        return {"ids": ids, "labels": labels}
+
+    trainer = Trainer(model=EchoModel(), args=make_args(out_dir, per_device_eval_batch_size=4), data_collator=collate)
+    out = trainer.predict(VarLenData())
+    assert out.predictions.shape == (10, 5)
+    assert (out.predictions[:4, 3:] == -100).all()
+    assert (out.label_ids[:4, 3:] == -100).all()
+    assert out.label_ids[9].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_predict_in_dataset_order(out_dir):
+    trainer = Trainer(model=RegressionModel(a=1.0), args=make_args(out_dir, per_device_eval_batch_size=3))
+    data = RegressionDataset(length=10)
+    out = trainer.predict(data)
+    np.testing.assert_allclose(out.predictions, data.x, rtol=1e-6)
+    np.testing.assert_allclose(out.label_ids, data.ys[0])
+
+
+def test_dict_of_eval_datasets(out_dir):
+    evals = {"small": RegressionDataset(length=8), "large": RegressionDataset(length=16, seed=1)}
+    args = make_args(out_dir, eval_strategy="epoch", metric_for_best_model="eval_small_loss", max_steps=8)
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(), eval_dataset=evals)
+    metrics = trainer.evaluate()
+    assert {"eval_small_loss", "eval_large_loss"} <= set(metrics)
+    trainer.train()
+    assert trainer.state.best_metric is not None
+    with pytest.raises(KeyError, match="missing"):
+        trainer.evaluate(eval_dataset="missing")
+
+
+def test_evaluate_named_dataset(out_dir):
+    evals = {"a": RegressionDataset(length=8), "b": RegressionDataset(length=16, seed=1)}
+    trainer = Trainer(model=RegressionModel(), args=make_args(out_dir), eval_dataset=evals)
+    metrics = trainer.evaluate(eval_dataset="b")
+    assert "eval_loss" in metrics
+
+
+def test_full_eval_does_not_leave_model_cast(out_dir):
+    args = make_args(out_dir, bf16_full_eval=True, max_steps=2)
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(),
+                      eval_dataset=RegressionDataset(length=8))
+    trainer.evaluate()
+    assert trainer.model.a.dtype == torch.float32
+    trainer.train()  # the reference crashes here with a dtype mismatch
+    assert trainer.model.a.dtype == torch.float32
+
+
+def test_eval_strategy_without_eval_dataset_is_an_error(out_dir):
+    with pytest.raises(ValueError, match="eval_dataset"):
+        Trainer(model=RegressionModel(), args=make_args(out_dir, eval_strategy="epoch"),
+                train_dataset=RegressionDataset())
+
+
+def test_remove_unused_columns_for_dict_samples(out_dir):
+    class Extra(RegressionDataset):
+        def __getitem__(self, i):
+            item = super().__getitem__(i)
+            item["note"] = "text"
+            item["idx"] = i
+            return item
+
+    trainer = Trainer(model=RegressionModel(), args=make_args(out_dir, max_steps=2), train_dataset=Extra())
+    trainer.train()  # "note" and "idx" are dropped before collation
+
+    class Mismatch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(1, 1)
+
+        def forward(self, features):
+            return self.lin(features)
+
+    trainer = Trainer(model=Mismatch(), args=make_args(out_dir, max_steps=1), train_dataset=RegressionDataset())
+    with pytest.raises(ValueError, match=r"forward takes \['features'"):
+        trainer.train()
+    # remove_unused_columns=False keeps every key
+    trainer = Trainer(model=RegressionModel(), args=make_args(out_dir, max_steps=1, remove_unused_columns=False),
+                      train_dataset=RegressionDataset())
+    trainer.train()
+
+
+def test_hf_datasets_columns_removed(out_dir):
+    datasets = pytest.importorskip("datasets")
+    base = RegressionDataset(length=32)
+    ds = datasets.Dataset.from_dict({"input_x": base.x.tolist(), "labels": base.ys[0].tolist(),
+                                     "text": ["t"] * 32}).with_format("torch")
+    trainer = Trainer(model=RegressionModel(), args=make_args(out_dir, max_steps=3), train_dataset=ds,
+                      eval_dataset=ds)
+    trainer.train()
+    assert "eval_loss" in trainer.evaluate()

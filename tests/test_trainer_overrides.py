@@ -1,0 +1,125 @@
+"""Subclasses that override the reference's hook methods are honoured by the loops."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader
+
+from tests.common.models import RegressionDataset, RegressionModel
+from tests.conftest import make_args
+from trainwell import Trainer
+
+
+def test_compute_loss_override(out_dir):
+    calls = []
+
+    class L1Trainer(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            labels = inputs.pop("labels")
+            outputs = model(**inputs)
+            loss = (outputs["logits"] - labels).abs().mean()
+            calls.append(model.training)
+            return (loss, outputs) if return_outputs else loss
+
+    trainer = L1Trainer(model=RegressionModel(), args=make_args(out_dir, max_steps=3),
+                        train_dataset=RegressionDataset())
+    trainer.train()
+    assert calls == [True] * 3
+    metrics = trainer.evaluate(RegressionDataset(length=8))
+    assert calls[-1] is False and "eval_loss" in metrics
+
+
+def test_training_step_override(out_dir):
+    seen = []
+
+    class Counting(Trainer):
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            seen.append(inputs["input_x"].shape[0])
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    trainer = Counting(model=RegressionModel(), args=make_args(out_dir, max_steps=2, gradient_accumulation_steps=2,
+                                                               per_device_train_batch_size=4),
+                       train_dataset=RegressionDataset())
+    trainer.train()
+    assert seen == [4, 4, 4, 4]
+
+
+def test_prediction_step_and_evaluation_loop_overrides(out_dir):
+    class Custom(Trainer):
+        def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+            loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+            return loss, (logits * 0 + 7 if logits is not None else None), labels
+
+    trainer = Custom(model=RegressionModel(), args=make_args(out_dir))
+    out = trainer.predict(RegressionDataset(length=10))
+    assert (out.predictions == 7).all()
+
+    class LoopOverride(Trainer):
+        def evaluation_loop(self, *args, **kwargs):
+            out = super().evaluation_loop(*args, **kwargs)
+            out.metrics["eval_custom"] = 1.0
+            return out
+
+    assert LoopOverride(model=RegressionModel(), args=make_args(out_dir)).evaluate(
+        RegressionDataset(length=8))["eval_custom"] == 1.0
+
+
+def test_create_optimizer_and_scheduler_overrides(out_dir):
+    class Custom(Trainer):
+        def create_optimizer(self):
+            if self.optimizer is None:
+                self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.5)
+            return self.optimizer
+
+        def create_scheduler(self, num_training_steps, optimizer=None):
+            if self.lr_scheduler is None:
+                self.lr_scheduler = torch.optim.lr_scheduler.StepLR(optimizer or self.optimizer, step_size=1, gamma=0.5)
+            return self.lr_scheduler
+
+    trainer = Custom(model=RegressionModel(), args=make_args(out_dir, max_steps=3, logging_steps=1),
+                     train_dataset=RegressionDataset())
+    trainer.train()
+    lrs = [h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h]
+    assert lrs == [0.5, 0.25, 0.125]
+
+
+def test_get_train_dataloader_override(out_dir):
+    class Custom(Trainer):
+        def get_train_dataloader(self):
+            return DataLoader(self.train_dataset, batch_size=16)
+
+    trainer = Custom(model=RegressionModel(), args=make_args(out_dir, num_train_epochs=1),
+                     train_dataset=RegressionDataset(length=64))
+    assert trainer.train().global_step == 4
+
+
+def test_log_override_sees_every_log(out_dir):
+    logged = []
+
+    class Custom(Trainer):
+        def log(self, logs, start_time=None):
+            logged.append(dict(logs))
+            super().log(logs, start_time)
+
+    trainer = Custom(model=RegressionModel(), args=make_args(out_dir, logging_steps=4, max_steps=8),
+                     train_dataset=RegressionDataset())
+    trainer.train()
+    assert [("loss" in entry) for entry in logged] == [True, True, False]
+    assert "train_loss" in logged[-1]
+
+
+def test_save_model_writes_safetensors_and_args(out_dir):
+    import json
+    import os
+
+    from safetensors.torch import load_file
+
+    trainer = Trainer(model=RegressionModel(a=1.5), args=make_args(out_dir))
+    trainer.save_model()
+    assert set(os.listdir(out_dir)) >= {"model.safetensors", "training_args.json"}
+    assert load_file(os.path.join(out_dir, "model.safetensors"))["a"].item() == 1.5
+    assert json.load(open(os.path.join(out_dir, "training_args.json")))["output_dir"] == out_dir
+    trainer.save_state()
+    assert os.path.isfile(os.path.join(out_dir, "trainer_state.json"))
+    trainer.save_metrics("eval", {"eval_loss": 1.0})
+    assert json.load(open(os.path.join(out_dir, "all_results.json"))) == {"eval_loss": 1.0}
