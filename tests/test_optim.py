@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch import nn
 
-from trainwell.optim import registry
 from trainwell.optim.adafactor import Adafactor, AdafactorSchedule
 from trainwell.optim.layerwise import LayerWiseDummyOptimizer
 from trainwell.optim.param_groups import build_param_groups, get_decay_parameter_names, get_parameter_names
@@ -398,11 +397,6 @@ def test_lomo_is_built_from_the_model(fake_packages, monkeypatch):
     assert get_optimizer_cls_and_kwargs(make_args(optim="adalomo"), model)[1] == {"lr": 3e-4, "model": model}
     with pytest.raises(ValueError, match="pass model="):
         get_optimizer_cls_and_kwargs(make_args(optim="lomo"))
-
-
-def test_registry_module_imports_no_optional_package():
-    for name in ("bitsandbytes", "galore_torch", "schedulefree", "accelerate"):
-        assert name not in vars(registry)
 
 
 # ---- Adafactor ---------------------------------------------------------------------------------------------

@@ -103,6 +103,7 @@ class Trainer(TrainerPartsMixin):
         self.current_flos = 0
         self._tokens_pending: Any = 0
         self._loss_factor: Any = None
+        self._optimizer_has_modes = False
         self._resumed_from: str | None = None
         self._resume_epoch = -1
         self._train_batch_size = args.train_batch_size
@@ -324,6 +325,8 @@ class Trainer(TrainerPartsMixin):
         if self._created_lr_scheduler or self.lr_scheduler is None:
             self.lr_scheduler = None
             self.create_scheduler(num_training_steps=max_steps, optimizer=self.optimizer)
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        self._optimizer_has_modes = callable(getattr(inner, "train", None)) and callable(getattr(inner, "eval", None))
         if resume is not None:
             ckpt_state.load_optimizer_and_scheduler(self, resume)
         handler = self.callback_handler
@@ -376,9 +379,10 @@ class Trainer(TrainerPartsMixin):
         The loss is multiplied by this micro-batch's share of the accumulation window (see
         ``trainwell.loop.accumulation``), so the returned values of a window sum to the window's loss.
         """
-        model.train()
-        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
-            self.optimizer.train()
+        if not model.training:  # model.train() walks every submodule: only pay for it after an evaluation
+            model.train()
+        if self._optimizer_has_modes:
+            self.optimizer.train()  # schedule-free optimizers keep separate train/eval weights
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)

@@ -75,6 +75,13 @@ class Runtime:
         self.is_local_main_process: bool = self.accelerator.is_local_main_process
         self.distributed: bool = self.num_processes > 1
         self.mixed_precision: str = str(self.accelerator.mixed_precision)
+        from accelerate.utils import DistributedType
+
+        self._plain_backward = self.accelerator.scaler is None and self.accelerator.distributed_type in (
+            DistributedType.NO,
+            DistributedType.MULTI_CPU,
+            DistributedType.MULTI_GPU,
+        )
         if getattr(args, "tf32", None) is not None and self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
             torch.backends.cudnn.allow_tf32 = bool(args.tf32)
@@ -102,7 +109,12 @@ class Runtime:
 
     # ----------------------------------------------------------------------------------------- the step
     def backward(self, loss: torch.Tensor) -> None:
-        self.accelerator.backward(loss)
+        # Accelerate's backward re-checks optional packages (a filesystem lookup) on every call; without a
+        # grad scaler or DeepSpeed it ends in loss.backward() anyway, so call that directly.
+        if self._plain_backward:
+            loss.backward()
+        else:
+            self.accelerator.backward(loss)
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         """Skip the gradient all-reduce for a micro-batch that is not the last of its window."""
@@ -112,6 +124,10 @@ class Runtime:
 
     def clip_grad_norm_(self, parameters: Iterator[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
         """Clip (unscaling fp16 gradients first) and return the total norm as a tensor; no host sync."""
+        if self._plain_backward:
+            # Nothing to unscale and no sharded parameters: torch's clip is what Accelerate would call, without
+            # its per-call walk over the model's modules.
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
         return self.accelerator.clip_grad_norm_(parameters, max_norm)
 
     @property

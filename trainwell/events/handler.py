@@ -175,6 +175,9 @@ class CallbackHandler(TrainerCallback):
         Raises TypeError naming the callback if an event returns anything other than None or a
         TrainerControl (the loop would otherwise fail later, far from the cause).
         """
+        listeners = self._listeners(event)
+        if not listeners:
+            return control  # nobody overrides this event: skip building the keyword arguments (hot path)
         common = {
             "model": self.model,
             "processing_class": self.processing_class,
@@ -184,7 +187,7 @@ class CallbackHandler(TrainerCallback):
             "eval_dataloader": self.eval_dataloader,
         }
         common.update(kwargs)
-        for callback in self.callbacks:
+        for callback in listeners:
             result = getattr(callback, event)(args, state, control, **common)
             if result is None:
                 continue
@@ -195,6 +198,27 @@ class CallbackHandler(TrainerCallback):
                 )
             control = result
         return control
+
+
+    def _listeners(self, event: str) -> list[TrainerCallback]:
+        """The callbacks that implement ``event`` (the base class's no-op does not count), in order.
+
+        Cached per event, and rebuilt whenever the callback list changes (checked by identity, so editing
+        ``handler.callbacks`` directly is fine too).
+        """
+        signature = tuple(map(id, self.callbacks))
+        if signature != getattr(self, "_listener_signature", None):
+            self._listener_signature = signature
+            self._listener_cache: dict[str, list[TrainerCallback]] = {}
+        found = self._listener_cache.get(event)
+        if found is None:
+            base = getattr(TrainerCallback, event, None)
+            found = [
+                cb for cb in self.callbacks
+                if event in vars(cb) or getattr(type(cb), event, None) is not base
+            ]
+            self._listener_cache[event] = found
+        return found
 
 
 def _matches(existing: TrainerCallback, wanted: type[TrainerCallback] | TrainerCallback) -> bool:

@@ -37,6 +37,8 @@ def evaluation_loop(
     runtime = trainer.runtime
     model = trainer._model_for_evaluation()
     model.eval()
+    if trainer._optimizer_has_modes:
+        trainer.optimizer.eval()  # schedule-free optimizers evaluate with their averaged weights
     trainer.callback_handler.eval_dataloader = dataloader
 
     losses, preds, labels = OutputAccumulator(), OutputAccumulator(), OutputAccumulator()

@@ -1,0 +1,99 @@
+"""Which parameters get weight decay, and the optimizer parameter groups built from that split.
+
+Owns: :func:`get_parameter_names`, :func:`get_decay_parameter_names`, :func:`build_param_groups`.
+Which optimizer class consumes the groups is decided in :mod:`trainwell.optim.registry`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from torch import nn
+
+# Parameter names (lower-cased) that never get weight decay: biases and anything that looks like a norm layer,
+# e.g. "bias", "ln.layernorm.weight", "model.norm.weight", "post_attention_rmsnorm.weight", "q_norm.weight".
+NO_DECAY_NAME_PATTERNS: tuple[str, ...] = (
+    r"bias",
+    r"layernorm",
+    r"rmsnorm",
+    r"(?:^|\.)norm(?:$|\.)",
+    r"_norm(?:$|\.)",
+)
+
+# Parameters inside these module types never get weight decay, whatever they are called.
+NO_DECAY_MODULE_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
+
+
+def get_parameter_names(
+    model: nn.Module,
+    forbidden_layer_types: Iterable[type],
+    forbidden_layer_names: Sequence[str] | None = None,
+) -> list[str]:
+    """Names of ``model``'s parameters that are not inside a forbidden module type and whose name does not
+    match a forbidden pattern.
+
+    ``forbidden_layer_types``: parameters of any *submodule* that is an instance of one of these are left out
+    (the root module itself is never checked). ``forbidden_layer_names``: regular expressions searched (not
+    full-matched) in the lower-cased dotted name, as seen from every enclosing module, so ``"^norm"`` excludes
+    ``"encoder.norm.weight"`` too. Parameters registered as ``None`` are skipped. Names are those of
+    ``model.named_parameters(remove_duplicate=False)``; tied parameters appear under each of their names.
+    """
+    types = tuple(forbidden_layer_types)
+    patterns = [re.compile(p) for p in forbidden_layer_names or ()]
+
+    def allowed(name: str) -> bool:
+        return not any(p.search(name.lower()) for p in patterns)
+
+    def walk(module: nn.Module) -> list[str]:
+        names = [k for k, p in module._parameters.items() if p is not None and allowed(k)]
+        for child_name, child in module._modules.items():
+            if child is None or (types and isinstance(child, types)):
+                continue
+            # Re-checking the patterns at every level reproduces the reference's semantics exactly.
+            names += [full for n in walk(child) if allowed(full := f"{child_name}.{n}")]
+        return names
+
+    return walk(model)
+
+
+def get_decay_parameter_names(model: nn.Module) -> list[str]:
+    """Names of the parameters that weight decay applies to: everything except parameters inside
+    ``nn.LayerNorm`` / ``nn.RMSNorm`` modules and parameters whose name matches :data:`NO_DECAY_NAME_PATTERNS`
+    (biases and norm-like names)."""
+    return get_parameter_names(model, NO_DECAY_MODULE_TYPES, NO_DECAY_NAME_PATTERNS)
+
+
+def build_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """The optimizer parameter groups for ``model``.
+
+    Group 0 holds the trainable parameters in :func:`get_decay_parameter_names` with ``weight_decay``; group 1
+    holds the other trainable parameters with ``weight_decay=0.0``. Only ``requires_grad`` parameters are
+    included, in ``named_parameters()`` order; a group with no parameters is dropped, so the result has 0, 1
+    or 2 groups. When parameters live on different DTensor device meshes, each group is further split by mesh
+    (fused and foreach kernels cannot span meshes).
+    """
+    decay = set(get_decay_parameter_names(model))
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for n, p in trainable if n in decay], "weight_decay": weight_decay},
+        {"params": [p for n, p in trainable if n not in decay], "weight_decay": 0.0},
+    ]
+    groups = [g for g in groups if g["params"]]
+    return _split_by_device_mesh(groups)
+
+
+def _split_by_device_mesh(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # Plain tensors have no ``device_mesh``; only DTensors (FSDP2, expert or tensor parallelism) do, so the
+    # common case is one attribute lookup per parameter and no import of torch.distributed.
+    meshes = {getattr(p, "device_mesh", None) for g in groups for p in g["params"]}
+    if len(meshes) <= 1:
+        return groups
+    split: list[dict[str, Any]] = []
+    for group in groups:
+        by_mesh: dict[Any, list[nn.Parameter]] = {}
+        for p in group["params"]:
+            by_mesh.setdefault(getattr(p, "device_mesh", None), []).append(p)
+        split.extend({**group, "params": params} for params in by_mesh.values())
+    return split
