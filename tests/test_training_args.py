@@ -388,6 +388,22 @@ def test_debug_string_becomes_list(no_support_check):
         make(debug="underflow")
 
 
+def test_numeric_strings_become_numbers():
+    args = make(learning_rate="5e-5", per_device_train_batch_size="4", save_steps="100", data_seed="7")
+    assert (args.learning_rate, args.per_device_train_batch_size, args.save_steps, args.data_seed) == (5e-5, 4, 100, 7)
+    assert type(args.per_device_train_batch_size) is int and type(args.learning_rate) is float
+    with pytest.raises(ValueError, match=r"^learning_rate='fast': pass a number \(float\)"):
+        make(learning_rate="fast")
+    with pytest.raises(ValueError, match=r"^seed='1.5': pass a whole number"):
+        make(seed="1.5")
+    with pytest.raises(ValueError, match=r"^learning_rate=None: pass a number"):
+        make(learning_rate=None)
+    with pytest.raises(ValueError, match=r"^max_steps=True: pass a number"):
+        make(max_steps=True)
+    assert make(max_steps=10.0).max_steps == 10 and type(make(max_steps=10.0).max_steps) is int
+    assert make(data_seed=None).data_seed is None and make(logging_steps=500).logging_steps == 500
+
+
 # --- derived defaults -------------------------------------------------------------------------------------------
 
 

@@ -213,12 +213,14 @@ class CallbackHandler(TrainerCallback):
         found = self._listener_cache.get(event)
         if found is None:
             base = getattr(TrainerCallback, event, None)
-            found = [
-                cb for cb in self.callbacks
-                if event in vars(cb) or getattr(type(cb), event, None) is not base
-            ]
+            found = [cb for cb in self.callbacks if _implementation(cb, event) is not base]
             self._listener_cache[event] = found
         return found
+
+
+def _implementation(callback: TrainerCallback, event: str) -> Any:
+    method = getattr(callback, event, None)
+    return getattr(method, "__func__", method)
 
 
 def _matches(existing: TrainerCallback, wanted: type[TrainerCallback] | TrainerCallback) -> bool:

@@ -1,0 +1,592 @@
+"""Turn what a user passed to ``TrainingArguments`` into the one canonical form the rest of trainwell reads.
+
+Owns: the 4.x alias table and the ``__init__`` wrapper that applies it, JSON-string dict fields, enum
+coercion (with did-you-mean), ``report_to`` resolution, derived defaults and the mixed-precision choice.
+Cross-field checks live in :mod:`trainwell.args.validate`; the list of fields trainwell does not act on yet
+lives in :mod:`trainwell.args.support`. Nothing here imports torch or accelerate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import importlib.util
+import json
+import logging
+import numbers
+import os
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from trainwell.outputs import HubStrategy, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
+
+# Fields that accept a dict, or a JSON object string (parsed only when it starts with "{": any other string
+# is a file path for the fields that take one).
+DICT_FIELDS: tuple[str, ...] = (
+    "accelerator_config",
+    "fsdp_config",
+    "deepspeed",
+    "activation_checkpointing_kwargs",
+    "gradient_checkpointing_kwargs",
+    "lr_scheduler_kwargs",
+)
+# Of those, the ones where a non-JSON string cannot be a path and is therefore a mistake.
+_DICT_ONLY_FIELDS = ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs", "lr_scheduler_kwargs")
+
+ENUM_FIELDS: dict[str, type] = {
+    "eval_strategy": IntervalStrategy,
+    "logging_strategy": IntervalStrategy,
+    "save_strategy": SaveStrategy,
+    "hub_strategy": HubStrategy,
+    "lr_scheduler_type": SchedulerType,
+    "optim": OptimizerNames,
+}
+
+# Tracker names trainwell knows, each with the packages whose presence makes it part of report_to="all".
+KNOWN_REPORT_TO: tuple[str, ...] = ("tensorboard", "mlflow", "wandb", "trackio")
+_REPORT_TO_PACKAGES: dict[str, tuple[str, ...]] = {
+    "tensorboard": ("tensorboard", "tensorboardX"),
+    "mlflow": ("mlflow",),
+    "wandb": ("wandb",),
+    "trackio": ("trackio",),
+}
+
+DEBUG_OPTIONS: tuple[str, ...] = ("underflow_overflow", "tpu_metrics_debug")
+INCLUDE_TOKENS_CHOICES: tuple[str, ...] = ("all", "non_padding", "no")
+MIXED_PRECISION_CHOICES: tuple[str, ...] = ("no", "fp16", "bf16", "fp8")
+
+# Declared defaults that normalization rewrites; check_supported must compare against the rewritten form.
+_NORMALIZED_DEFAULTS: dict[str, Any] = {"debug": []}
+
+
+def did_you_mean(value: Any, choices: Iterable[Any]) -> str:
+    """Return `` Did you mean 'x'?`` for the closest choice, or ``""`` when nothing is close."""
+    import difflib  # deferred: only a failing run needs it
+
+    options = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(value).lower(), options, n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def choice_error(name: str, value: Any, choices: Iterable[Any]) -> ValueError:
+    """The error for a value outside a closed set: names the field, the value, the options and a guess."""
+    options = [str(c) for c in choices]
+    return ValueError(
+        f"{name}={value!r} is not a valid value: choose one of {', '.join(map(repr, options))}."
+        + did_you_mean(value, options)
+    )
+
+
+def coerce_enum(name: str, value: Any, enum_cls: type) -> Any:
+    """``enum_cls(value)``, with an error that names the field and suggests the closest member."""
+    try:
+        return enum_cls(getattr(value, "value", value))
+    except ValueError:
+        raise choice_error(name, value, [m.value for m in enum_cls]) from None
+
+
+def load_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """Read a JSON file that must hold one object; errors name ``what`` (the argument) and the path."""
+    shown = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what}={shown!r}: no such file; pass a dict or the path of a JSON file.") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what}={shown!r}: the file is not valid JSON ({err}).") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}={shown!r}: the file must hold a JSON object, not {type(data).__name__}.")
+    return data
+
+
+def to_plain(value: Any) -> Any:
+    """JSON-friendly copy: enums → values, containers copied, objects with ``to_dict`` → dicts,
+    torch dtypes → their short name (``"bfloat16"``), without importing torch."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if callable(getattr(value, "to_dict", None)):
+        return to_plain(value.to_dict())
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        return str(value).split(".")[-1]
+    return value
+
+
+# --- JSON-string dict fields ---------------------------------------------------------------------------
+
+
+def _coerce_json_strings(mapping: dict[str, Any]) -> dict[str, Any]:
+    # Command lines make people quote everything, and the reference turns "true"/"3"/"0.5" inside a JSON
+    # string into bool/int/float. Matching it keeps '{"use_reentrant": "false"}' from becoming a truthy str.
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            _coerce_json_strings(value)
+        elif isinstance(value, str):
+            if value.lower() in ("true", "false"):
+                mapping[key] = value.lower() == "true"
+            elif value.isdigit():
+                mapping[key] = int(value)
+            elif value.replace(".", "", 1).isdigit():
+                mapping[key] = float(value)
+    return mapping
+
+
+def parse_json_fields(args: Any) -> None:
+    """Parse each dict field given as a JSON object string; a non-JSON string stays (a file path)."""
+    for name in DICT_FIELDS:
+        value = getattr(args, name, None)
+        if not isinstance(value, str):
+            continue
+        if value.lstrip().startswith("{"):
+            try:
+                parsed = json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"{name}={value!r} is not valid JSON ({err.msg} at character {err.pos}). "
+                    f"Pass a dict, or a JSON object string such as '{{\"key\": 1}}'."
+                ) from None
+            setattr(args, name, _coerce_json_strings(parsed))
+        elif name in _DICT_ONLY_FIELDS:
+            raise ValueError(f"{name}={value!r}: pass a dict, or a JSON object string such as '{{\"key\": 1}}'.")
+
+
+def resolve_checkpointing(args: Any) -> None:
+    """Fold the deprecated ``gradient_checkpointing*`` names into ``activation_checkpointing*``.
+
+    The old names then mirror the new ones, so code reading either agrees, and a copy of the args
+    (``dataclasses.replace``) that changes only the new name is not overridden by the stale old one.
+    """
+    for old, new in (
+        ("gradient_checkpointing", "activation_checkpointing"),
+        ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+    ):
+        if getattr(args, new) is None and getattr(args, old) is not None:
+            warnings.warn(f"{old} is deprecated, use {new} instead.", FutureWarning, stacklevel=6)
+            setattr(args, new, getattr(args, old))
+        setattr(args, old, getattr(args, new))
+    if args.activation_checkpointing is None:
+        args.activation_checkpointing = args.gradient_checkpointing = False
+
+
+# --- report_to -----------------------------------------------------------------------------------------
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a half-installed package, or a module with no __spec__
+        return False
+
+
+def available_report_to() -> list[str]:
+    """The known trackers whose package is installed. Uses ``find_spec``: nothing gets imported."""
+    return [name for name in KNOWN_REPORT_TO if any(map(_installed, _REPORT_TO_PACKAGES[name]))]
+
+
+def normalize_report_to(value: Any) -> list[str]:
+    """``"all"`` → installed trackers; ``None``/``"none"`` → ``[]``; a name or names → a checked list.
+
+    The reference turns ``None`` into ``[None]`` and then fails in the Trainer; here it simply means none.
+    """
+    names = [value] if value is None or isinstance(value, str) else list(value)
+    if names in ([None], ["none"], []):
+        return []
+    if names == ["all"]:
+        return available_report_to()
+    for name in names:
+        if name not in KNOWN_REPORT_TO:
+            raise ValueError(
+                f"report_to={value!r}: {name!r} is not a tracker trainwell knows. Use any of "
+                f"{', '.join(map(repr, KNOWN_REPORT_TO))}, 'all' (the installed ones) or 'none'."
+                + did_you_mean(name, KNOWN_REPORT_TO)
+            )
+    return list(dict.fromkeys(names))
+
+
+# --- numbers given as strings -----------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _numeric_fields(cls: type) -> dict[str, tuple[type, bool]]:
+    """Field name → (int or float, whether None is allowed), read from the annotation text (the module uses
+    postponed annotations), which avoids the cost of ``typing.get_type_hints`` on every construction."""
+    out: dict[str, tuple[type, bool]] = {}
+    for f in dataclasses.fields(cls):
+        text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        bare = text.replace("Optional[", "").rstrip("]").replace(" | None", "").replace("None | ", "")
+        if bare in ("int", "float"):
+            out[f.name] = (int if bare == "int" else float, bare != text)
+    return out
+
+
+def _to_number(name: str, given: Any, kind: type) -> int | float:
+    value = given
+    if isinstance(given, str):
+        try:
+            value = float(given) if kind is float or not given.strip().lstrip("+-").isdigit() else int(given)
+        except ValueError:
+            raise ValueError(f"{name}={given!r}: pass a number ({kind.__name__}).") from None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}={given!r}: pass a number ({kind.__name__}).")
+    if kind is int:
+        if not float(value).is_integer():
+            raise ValueError(f"{name}={given!r}: pass a whole number.")
+        return int(value)
+    return value
+
+
+def coerce_numbers(args: Any) -> None:
+    """Check int/float fields hold numbers; numeric strings become numbers, whole floats in int fields ints.
+
+    YAML 1.1 reads ``learning_rate: 5e-5`` as the *string* "5e-5" (it wants ``5.0e-5``), and JSON writers
+    may turn 8 into 8.0. A value that is not a number is an error here rather than a ``TypeError`` deep
+    inside the optimizer.
+    """
+    for name, (kind, optional) in _numeric_fields(type(args)).items():
+        value = getattr(args, name)
+        if value is not None or not optional:
+            setattr(args, name, _to_number(name, value, kind))
+
+
+# --- the whole pass --------------------------------------------------------------------------------------
+
+
+def _unmask_tokens(args: Any) -> None:
+    # to_dict() writes "<HUB_TOKEN>" in place of the token; reading such a dump back must not turn the
+    # placeholder into a real (and unsupported) token.
+    for f in dataclasses.fields(args):
+        if f.name.endswith("_token") and getattr(args, f.name) == f"<{f.name.upper()}>":
+            setattr(args, f.name, None)
+
+
+# What transformers 4.x wrote into every to_dict() dump even with FSDP off.
+_FSDP_CONFIG_4X_STUB = {"min_num_params": 0, "xla": False, "xla_fsdp_v2": False, "xla_fsdp_grad_ckpt": False}
+
+
+def _drop_inert_4x_values(args: Any) -> None:
+    # A saved 4.x training_args.json carries these values although they did nothing in that run; treating
+    # them as unset lets such a file load instead of tripping the "not supported yet" check.
+    config = args.fsdp_config
+    if not args.fsdp and isinstance(config, dict) and config.items() <= _FSDP_CONFIG_4X_STUB.items():
+        args.fsdp_config = None
+    if not args.push_to_hub and args.hub_private_repo is False:
+        args.hub_private_repo = None
+
+
+def _normalize_debug(value: Any) -> list[str]:
+    if value is None:
+        return []
+    items = value.split() if isinstance(value, str) else [getattr(v, "value", v) for v in value]
+    for item in items:
+        if item not in DEBUG_OPTIONS:
+            raise choice_error("debug", item, DEBUG_OPTIONS)
+    return items
+
+
+def _normalize_include_tokens(value: Any) -> str:
+    if isinstance(value, bool):
+        return "all" if value else "no"
+    text = str(value).lower()
+    if text in ("true", "yes", "1"):
+        return "all"
+    if text in ("false", "none", "0"):
+        return "no"
+    if text not in INCLUDE_TOKENS_CHOICES:
+        raise choice_error("include_num_input_tokens_seen", value, INCLUDE_TOKENS_CHOICES + (True, False))
+    return text
+
+
+def _default_disable_tqdm() -> bool:
+    # The trainwell logger inherits the root level unless set on its own, so a user who quiets either one
+    # (e.g. logging.basicConfig(level=ERROR)) also loses the progress bars, as with the reference.
+    return logging.getLogger("trainwell").getEffectiveLevel() > logging.WARN
+
+
+def derive_defaults(args: Any) -> None:
+    """Fill the values the reference derives from others: ``do_eval`` when evaluating; ``eval_steps`` from
+    ``logging_steps``; ``metric_for_best_model="loss"`` when a best model or a metric-driven schedule needs
+    one; ``greater_is_better`` from the metric name; ``lr_scheduler_kwargs={}``; the compile switch and
+    backend; no pinned memory on CPU."""
+    if args.eval_strategy != IntervalStrategy.NO:
+        args.do_eval = True
+    if args.eval_strategy == IntervalStrategy.STEPS and not args.eval_steps and args.logging_steps:
+        args.eval_steps = args.logging_steps
+    needs_metric = args.load_best_model_at_end or args.lr_scheduler_type in (
+        SchedulerType.REDUCE_ON_PLATEAU,
+        SchedulerType.GREEDY,
+    )
+    if needs_metric and args.metric_for_best_model is None:
+        args.metric_for_best_model = "loss"
+    if args.greater_is_better is None and args.metric_for_best_model is not None:
+        args.greater_is_better = not args.metric_for_best_model.endswith("loss")
+    if args.lr_scheduler_kwargs is None:  # the reference keeps None; a dict spares every reader the check
+        args.lr_scheduler_kwargs = {}
+    # Naming a compile mode or backend means "compile": the reference turns the switch on for you.
+    if args.torch_compile_mode is not None or args.torch_compile_backend is not None:
+        args.torch_compile = True
+    if args.torch_compile and args.torch_compile_backend is None:
+        args.torch_compile_backend = "inductor"
+    if args.use_cpu:
+        args.dataloader_pin_memory = False
+
+
+def resolve_mixed_precision(args: Any) -> str:
+    """``"no"``/``"fp16"``/``"bf16"`` from the flags; ``ACCELERATE_MIXED_PRECISION`` wins when set.
+
+    Difference from the reference (flags beat the env var): ``accelerate launch --mixed_precision`` sets
+    the variable, and the launcher's choice is the one the whole job was configured for.
+    """
+    from_flags = "fp16" if args.fp16 else "bf16" if args.bf16 else "no"
+    env = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    if not env:
+        return from_flags
+    env = env.lower()
+    if env not in MIXED_PRECISION_CHOICES:
+        raise ValueError(
+            f"ACCELERATE_MIXED_PRECISION={env!r} is not a precision: set it to one of "
+            f"{', '.join(map(repr, MIXED_PRECISION_CHOICES))}, or unset it and use fp16=True / bf16=True."
+        )
+    if from_flags != "no" and env != from_flags:
+        warnings.warn(
+            f"ACCELERATE_MIXED_PRECISION={env!r} overrides {from_flags}=True; unset the variable to use the flag.",
+            UserWarning,
+            stacklevel=6,
+        )
+    return env
+
+
+def to_accelerator_config(value: Any, config_cls: type) -> Any:
+    """None, a dict, a JSON file path, or a config object → an instance of ``config_cls``."""
+    if isinstance(value, config_cls):
+        return value
+    if value is None:
+        return config_cls()
+    if isinstance(value, type):
+        raise TypeError(
+            f"accelerator_config={value.__name__}: pass an instance such as {value.__name__}(), not the class."
+        )
+    if isinstance(value, str):
+        return config_cls.from_json_file(value)
+    if hasattr(value, "to_dict") and not isinstance(value, dict):
+        value = value.to_dict()  # e.g. transformers' own AcceleratorConfig during a migration
+    if not isinstance(value, dict):
+        raise TypeError(f"accelerator_config={value!r}: pass a dict, a JSON file path or an AcceleratorConfig.")
+    return config_cls.from_dict(value)
+
+
+def normalize_args(args: Any, accelerator_config_cls: type) -> None:
+    """Every rewrite ``__post_init__`` performs before validation, in dependency order."""
+    if args.output_dir is None:
+        args.output_dir = "trainer_output"
+    args.output_dir = os.path.expanduser(os.fspath(args.output_dir))
+    _unmask_tokens(args)
+    coerce_numbers(args)
+    parse_json_fields(args)
+    _drop_inert_4x_values(args)
+    resolve_checkpointing(args)
+    if args.disable_tqdm is None:
+        args.disable_tqdm = _default_disable_tqdm()
+    args.include_num_input_tokens_seen = _normalize_include_tokens(args.include_num_input_tokens_seen)
+    for name, enum_cls in ENUM_FIELDS.items():
+        setattr(args, name, coerce_enum(name, getattr(args, name), enum_cls))
+    args.debug = _normalize_debug(args.debug)
+    args.report_to = normalize_report_to(args.report_to)
+    derive_defaults(args)
+    args.mixed_precision = resolve_mixed_precision(args)
+    args.accelerator_config = to_accelerator_config(args.accelerator_config, accelerator_config_cls)
+
+
+@functools.lru_cache(maxsize=None)
+def declared_defaults(cls: type) -> dict[str, Any]:
+    """Field name → declared default (factories called), in the form normalization leaves it in."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    out.update({k: v for k, v in _NORMALIZED_DEFAULTS.items() if k in out})
+    return out
+
+
+# --- 4.x aliases ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Alias:
+    """One argument name transformers 4.x accepted and 5.x removed, and what trainwell does with it.
+
+    kind: "rename" (value moves to ``new``), "flag" (a truthy value sets ``new=value``), "attribute" (stored
+    as ``args.<new>``, not a field), "noop" (accepted when in ``accept``, otherwise an error), "removed"
+    (an error). A value in ``inert`` (the 4.x default) changes nothing and is dropped silently, so a
+    4.x ``to_dict()`` dump still loads. ``cli`` is the command-line type (``bool`` makes a flag).
+    """
+
+    old: str
+    kind: str
+    new: str | None = None
+    value: Any = None
+    inert: tuple[Any, ...] = (None,)
+    accept: tuple[Any, ...] = ()
+    hint: str = ""
+    cli: type = str
+    check: Callable[[Any], str | None] | None = None
+
+
+def _check_ratio(value: Any) -> str | None:
+    if isinstance(value, (int, float)) and 0 <= value < 1:
+        return None
+    return (
+        "a warmup ratio must lie in [0, 1) (warmup_steps >= 1 counts steps); "
+        "for a longer warmup pass warmup_steps=<number of steps>"
+    )
+
+
+_NO_TPU = "trainwell does not support TPUs."
+ALIASES: tuple[Alias, ...] = (
+    Alias("evaluation_strategy", "rename", "eval_strategy"),
+    Alias("warmup_ratio", "rename", "warmup_steps", inert=(None, 0, 0.0), cli=float, check=_check_ratio),
+    Alias("no_cuda", "rename", "use_cpu", inert=(None, False), cli=bool),
+    Alias("per_gpu_train_batch_size", "rename", "per_device_train_batch_size", cli=int),
+    Alias("per_gpu_eval_batch_size", "rename", "per_device_eval_batch_size", cli=int),
+    Alias("push_to_hub_model_id", "rename", "hub_model_id"),
+    Alias("push_to_hub_token", "rename", "hub_token", inert=(None, "<PUSH_TO_HUB_TOKEN>")),
+    Alias("group_by_length", "flag", "train_sampling_strategy", "group_by_length", (None, False), cli=bool),
+    Alias("include_inputs_for_metrics", "flag", "include_for_metrics", ["inputs"], (None, False), cli=bool),
+    Alias("include_tokens_per_second", "flag", "include_num_input_tokens_seen", "all", (None, False), cli=bool),
+    Alias("adafactor", "flag", "optim", "adafactor", (None, False), cli=bool),
+    Alias("logging_dir", "attribute", "logging_dir", hint="the tensorboard integration reads args.logging_dir "
+          "(transformers 5 uses the TENSORBOARD_LOGGING_DIR environment variable)"),
+    Alias("overwrite_output_dir", "noop", inert=(None, False), accept=(True,), cli=bool,
+          hint="it has no effect: trainwell always writes into output_dir and resumes only when asked"),
+    Alias("save_safetensors", "noop", accept=(True,), cli=bool,
+          hint="trainwell always writes safetensors, and never pickled weights"),
+    Alias("fp16_backend", "noop", inert=(None, "auto"), accept=("amp",),
+          hint="mixed precision always uses torch.amp through Accelerate"),
+    Alias("half_precision_backend", "noop", inert=(None, "auto"), accept=("amp",),
+          hint="mixed precision always uses torch.amp through Accelerate"),
+    Alias("use_mps_device", "noop", inert=(None, False), accept=(True,), cli=bool,
+          hint="the MPS device is picked automatically when available (use_cpu=True avoids it)"),
+    Alias("fp16_opt_level", "removed", inert=(None, "O1"), hint="apex is gone; fp16 uses torch.amp."),
+    Alias("tpu_num_cores", "removed", cli=int, hint=_NO_TPU),
+    Alias("tpu_metrics_debug", "removed", inert=(None, False), cli=bool, hint=_NO_TPU),
+    Alias("jit_mode_eval", "removed", inert=(None, False), cli=bool,
+          hint="Compile or trace the model yourself before passing it to the Trainer."),
+    Alias("use_ipex", "removed", inert=(None, False), cli=bool,
+          hint="trainwell does not support Intel Extension for PyTorch; CPU bf16 works with bf16=True."),
+    Alias("past_index", "removed", inert=(None, -1), cli=int,
+          hint="A model that returns cached states (mems) must feed them back inside its forward."),
+    Alias("use_legacy_prediction_loop", "removed", inert=(None, False), cli=bool,
+          hint="evaluate()/predict() always use the current evaluation loop."),
+    Alias("torchdynamo", "removed", hint="Use torch_compile_backend=<backend> instead."),
+    Alias("ray_scope", "removed", inert=(None, "last"),
+          hint="trainwell does not run Ray hyperparameter searches."),
+    Alias("mp_parameters", "removed", inert=(None, ""),
+          hint="trainwell does not support SageMaker model parallelism."),
+    Alias("fsdp_min_num_params", "removed", inert=(None, 0), cli=int,
+          hint='Use fsdp_config={"min_num_params": N} instead.'),
+    Alias("fsdp_transformer_layer_cls_to_wrap", "removed",
+          hint='Use fsdp_config={"transformer_layer_cls_to_wrap": ["MyLayer"]} instead.'),
+    Alias("push_to_hub_organization", "removed", hint="Use hub_model_id='organization/model_name' instead."),
+    Alias("split_batches", "removed", inert=(None, False), cli=bool,
+          hint='Use accelerator_config={"split_batches": True} instead.'),
+    Alias("dispatch_batches", "removed", cli=bool,
+          hint='Use accelerator_config={"dispatch_batches": True} instead.'),
+)
+ALIASES_BY_NAME: dict[str, Alias] = {a.old: a for a in ALIASES}
+
+
+def _alias_message(alias: Alias, value: Any) -> str:
+    if alias.kind == "rename":
+        return f"{alias.old} is deprecated, use {alias.new} instead (it was removed in transformers 5)."
+    if alias.kind == "flag":
+        return f"{alias.old} is deprecated, use {alias.new}={alias.value!r} instead (removed in transformers 5)."
+    return f"{alias.old} is deprecated and was removed in transformers 5: {alias.hint}."
+
+
+def _apply_alias(alias: Alias, value: Any, kwargs: dict[str, Any], defaults: dict[str, Any]) -> None:
+    if alias.check is not None and (problem := alias.check(value)):
+        raise ValueError(f"{alias.old}={value!r}: {problem}.")
+    target = alias.new
+    new_value = value if alias.kind == "rename" else alias.value
+    current = kwargs.get(target, defaults.get(target))
+    if isinstance(new_value, list):  # a list target collects: keep what the user already asked for
+        new_value = list(dict.fromkeys([*(current or []), *new_value]))
+    elif target in kwargs and current != defaults.get(target) and current != new_value:
+        raise ValueError(
+            f"{alias.old}={value!r} and {target}={current!r} disagree: pass only {target} "
+            f"({alias.old} is its transformers 4 name)."
+        )
+    kwargs[target] = new_value
+
+
+def translate_aliases(cls: type, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Rewrite 4.x keyword arguments into 5.x ones for ``cls``; return (kwargs, attributes to set after).
+
+    Warns (FutureWarning) for each alias that does something; raises ValueError for removed arguments set
+    to anything but their old default. Names that are real fields of ``cls`` are left alone.
+    """
+    found = [name for name in kwargs if name in ALIASES_BY_NAME]
+    if found:  # a subclass may declare one of these names as a real field of its own
+        names = {f.name for f in dataclasses.fields(cls)}
+        found = [name for name in found if name not in names]
+    if not found:
+        return kwargs, {}
+    kwargs, attributes = dict(kwargs), {}
+    defaults = declared_defaults(cls)
+    for name in found:
+        alias, value = ALIASES_BY_NAME[name], kwargs.pop(name)
+        if value in alias.inert:
+            continue
+        if alias.kind == "removed":
+            raise ValueError(
+                f"{name}={value!r}: this argument was removed in transformers 5 and trainwell does not "
+                f"accept it. {alias.hint}"
+            )
+        if alias.kind == "noop" and value not in alias.accept:
+            raise ValueError(
+                f"{name}={value!r} is not supported: {alias.hint}. Remove {name} (transformers 5 removed it; "
+                f"trainwell only tolerates {' or '.join(map(repr, alias.accept))})."
+            )
+        if alias.kind == "attribute":
+            attributes[alias.new] = value
+        elif alias.kind in ("rename", "flag"):
+            _apply_alias(alias, value, kwargs, defaults)
+        warnings.warn(_alias_message(alias, value), FutureWarning, stacklevel=3)
+    return kwargs, attributes
+
+
+def wrap_init(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap a dataclass-generated ``__init__`` so that it accepts the 4.x names (see :func:`translate_aliases`)."""
+    if getattr(init, "_trainwell_alias_init", False):
+        return init
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs, attributes = translate_aliases(type(self), kwargs)
+        init(self, *args, **kwargs)
+        for name, value in attributes.items():
+            setattr(self, name, value)
+
+    __init__._trainwell_alias_init = True  # type: ignore[attr-defined]
+    return __init__
+
+
+class AliasInitMeta(type):
+    """Metaclass that wraps every ``__init__`` the ``@dataclass`` decorator installs on the class or a subclass.
+
+    ``@dataclass`` sets ``__init__`` with ``setattr`` after the class body ran, so intercepting that one
+    assignment covers ``@dataclass class MyArgs(TrainingArguments)`` without users doing anything, and keeps
+    ``inspect.signature`` (through ``functools.wraps``) showing the real field list.
+    """
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        if name == "__init__" and callable(value):
+            value = wrap_init(value)
+        super().__setattr__(name, value)
