@@ -22,9 +22,6 @@ import torch
 from torch import nn
 
 from trainwell.backend.runtime import Runtime
-from trainwell.checkpoint import layout as ckpt_layout
-from trainwell.checkpoint import training_state as ckpt_state
-from trainwell.checkpoint.io import load_model_weights
 from trainwell.data import loaders
 from trainwell.events.callback import TrainerCallback
 from trainwell.events.handler import CallbackHandler
@@ -33,6 +30,8 @@ from trainwell.loop.fit import FitLoop, max_steps_plan
 from trainwell.loop.losses import label_smoothed_loss, logits_of
 from trainwell.outputs import EvalLoopOutput, PredictionOutput, TrainOutput
 from trainwell.state import TrainerControl, TrainerState
+from trainwell.trainer_checkpointing import CheckpointMixin
+from trainwell.trainer_data import DataMixin
 from trainwell.trainer_parts import TrainerPartsMixin
 from trainwell.training_args import TrainingArguments
 from trainwell.utils import model as model_utils
@@ -42,7 +41,7 @@ from trainwell.utils.seed import enable_full_determinism, set_seed
 logger = logging.getLogger(__name__)
 
 
-class Trainer(TrainerPartsMixin):
+class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
     """Train, evaluate and predict with any ``torch.nn.Module`` (``transformers`` models included).
 
     A drop-in for ``transformers.Trainer``: same constructor, arguments, metric names, checkpoint layout and
@@ -168,7 +167,10 @@ class Trainer(TrainerPartsMixin):
         from trainwell.events.flow import DefaultFlowCallback
         from trainwell.events.progress import PrinterCallback, ProgressCallback
 
+        from trainwell.integrations import reporting_callbacks
+
         callbacks: list[Any] = [DefaultFlowCallback]
+        callbacks += reporting_callbacks(self.args.report_to)
         callbacks += list(user or [])
         callbacks.append(PrinterCallback if self.args.disable_tqdm else ProgressCallback)
         return callbacks
@@ -234,18 +236,7 @@ class Trainer(TrainerPartsMixin):
             self.optimizer, self.lr_scheduler = None, None
         if self.args.activation_checkpointing:
             self._enable_activation_checkpointing()
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = ckpt_layout.get_last_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(
-                    f"resume_from_checkpoint=True but no complete checkpoint was found in output_dir "
-                    f"({self.args.output_dir}). Pass a checkpoint path, or train from scratch."
-                )
-        if resume_from_checkpoint is not None:
-            self._load_from_checkpoint(str(resume_from_checkpoint))
-        self._resumed_from = resume_from_checkpoint
-        if self.args.should_save:
-            ckpt_layout.clean_temporary(self.args.output_dir)
+        resume_from_checkpoint = self._resolve_resume(resume_from_checkpoint)
         try:
             return FitLoop(self, resume_from_checkpoint, trial, ignore_keys_for_eval).run()
         finally:
@@ -268,12 +259,6 @@ class Trainer(TrainerPartsMixin):
             "set activation_checkpointing=False."
         )
 
-    def _load_from_checkpoint(self, checkpoint: str) -> None:
-        reason = ckpt_layout.incomplete_reason(checkpoint) if os.path.isdir(checkpoint) else "it is not a folder"
-        if reason is not None:
-            raise ValueError(f"Can't resume from {checkpoint}: {reason}.")
-        load_model_weights(model_utils.unwrap(self.model), checkpoint, strict=True)
-
     def set_initial_training_values(self, args: TrainingArguments, dataloader: Any) -> tuple:
         """(epochs, updates per epoch, examples, samples, total batch size, micro-batches per epoch, max steps)."""
         total_batch_size = self.get_total_train_batch_size(args)
@@ -288,29 +273,6 @@ class Trainer(TrainerPartsMixin):
 
     def get_total_train_batch_size(self, args: TrainingArguments) -> int:
         return self._train_batch_size * args.gradient_accumulation_steps * self.runtime.num_processes
-
-    def _init_training_state(self, max_steps: int, upe: int, resume: str | None, trial: Any) -> tuple[int, int]:
-        """Fresh or restored ``TrainerState``; returns (epochs already done, windows done in the current one)."""
-        self.state = TrainerState(
-            is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero()
-        )
-        epochs_trained, windows_done = 0, 0
-        if resume is not None:
-            self.state = TrainerState.load_from_json(os.path.join(resume, ckpt_layout.TRAINER_STATE_NAME))
-            self.state.is_local_process_zero = self.is_local_process_zero()
-            self.state.is_world_process_zero = self.is_world_process_zero()
-            best = self.state.best_model_checkpoint
-            if best is not None and not os.path.isdir(best):
-                logger.warning("The best checkpoint %s recorded in the resumed state no longer exists.", best)
-                self.state.best_model_checkpoint = None
-            epochs_trained = self.state.global_step // upe
-            windows_done = 0 if self.args.ignore_data_skip else self.state.global_step % upe
-            self._resume_epoch = epochs_trained
-        self.state.is_hyper_param_search = trial is not None
-        self.state.train_batch_size = self._train_batch_size
-        self.state.compute_steps(self.args, max_steps)
-        self.state.init_training_references(self, max_steps, self._num_train_epochs(max_steps, upe), trial)
-        return epochs_trained, windows_done
 
     def _num_train_epochs(self, max_steps: int, upe: int) -> int:
         return max_steps // upe + int(max_steps % upe > 0)
@@ -328,47 +290,11 @@ class Trainer(TrainerPartsMixin):
         inner = getattr(self.optimizer, "optimizer", self.optimizer)
         self._optimizer_has_modes = callable(getattr(inner, "train", None)) and callable(getattr(inner, "eval", None))
         if resume is not None:
-            ckpt_state.load_optimizer_and_scheduler(self, resume)
+            self._load_optimizer_and_scheduler(resume)
         handler = self.callback_handler
         handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
         handler.train_dataloader = train_dataloader
         return model
-
-    def _epoch_iterator(self, dataloader: Any, epoch: int, skip_batches: int, resume: str | None) -> Any:
-        """An iterator over ``epoch`` that starts after ``skip_batches`` micro-batches.
-
-        Map-style data skips at the sampler (nothing is loaded); iterable data is replayed, unless it can
-        restore its own position (see ``trainwell.checkpoint``).
-        """
-        sampler = getattr(self, "_train_sampler", None)
-        if sampler is not None:
-            sampler.set_epoch(epoch)
-        generator = getattr(self, "_train_generator", None)
-        if generator is not None:
-            generator.manual_seed(self._data_seed() + epoch)
-        for target in (dataloader, getattr(dataloader, "dataset", None)):
-            if hasattr(target, "set_epoch") and target is not sampler:
-                target.set_epoch(epoch)
-        if skip_batches and sampler is not None:
-            sampler.skip(skip_batches * self._train_batch_size * self.runtime.num_processes)
-            return iter(dataloader)
-        iterator = iter(dataloader)
-        for _ in range(skip_batches):  # iterable data: replay (documented cost)
-            next(iterator, None)
-        return iterator
-
-    def _data_seed(self) -> int:
-        return self.args.data_seed if self.args.data_seed is not None else self.args.seed
-
-    def _restore_rng(self, checkpoint: str) -> None:
-        ckpt_state.restore_rng(self, checkpoint)
-
-    def _finish_training(self) -> None:
-        """End of training: reload the best model when asked."""
-        if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
-            best = self.state.best_model_checkpoint
-            logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
-            load_model_weights(model_utils.unwrap(self.model), best, strict=False)
 
     # ------------------------------------------------------------------------------------------ steps
     def training_step(

@@ -1,0 +1,141 @@
+"""The ``Trainer``'s checkpoints: saving the model and state, resuming, and where resumed data starts.
+
+Owns the Trainer side of ``trainwell.checkpoint``: ``save_model`` / ``save_state`` / ``_save_checkpoint``,
+loading a checkpoint for ``train(resume_from_checkpoint=...)``, and the epoch iterator that starts after the
+batches a resumed run already consumed. What a checkpoint holds is listed once, in
+``trainwell.checkpoint.training_state``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from torch import nn
+
+from trainwell.checkpoint import layout as ckpt_layout
+from trainwell.checkpoint import training_state as ckpt_state
+from trainwell.checkpoint.io import load_model_weights, save_model_weights, write_json
+from trainwell.checkpoint.layout import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
+from trainwell.state import TrainerState
+from trainwell.utils import model as model_utils
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointMixin:
+    def _resolve_resume(self, resume_from_checkpoint: str | bool | None) -> str | None:
+        """The checkpoint to resume from (True: the newest complete one), with its model weights loaded."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = ckpt_layout.get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(
+                    f"resume_from_checkpoint=True but no complete checkpoint was found in output_dir "
+                    f"({self.args.output_dir}). Pass a checkpoint path, or train from scratch."
+                )
+        if resume_from_checkpoint is not None:
+            resume_from_checkpoint = str(resume_from_checkpoint)
+            self._load_from_checkpoint(resume_from_checkpoint)
+        self._resumed_from = resume_from_checkpoint
+        if self.args.should_save:
+            ckpt_layout.clean_temporary(self.args.output_dir)
+        return resume_from_checkpoint
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str) -> None:
+        ckpt_state.load_optimizer_and_scheduler(self, checkpoint)
+
+    def _load_from_checkpoint(self, checkpoint: str) -> None:
+        reason = ckpt_layout.incomplete_reason(checkpoint) if os.path.isdir(checkpoint) else "it is not a folder"
+        if reason is not None:
+            raise ValueError(f"Can't resume from {checkpoint}: {reason}.")
+        load_model_weights(model_utils.unwrap(self.model), checkpoint, strict=True)
+
+    def _init_training_state(self, max_steps: int, upe: int, resume: str | None, trial: Any) -> tuple[int, int]:
+        """Fresh or restored ``TrainerState``; returns (epochs already done, windows done in the current one)."""
+        self.state = TrainerState(
+            is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero()
+        )
+        epochs_trained, windows_done = 0, 0
+        if resume is not None:
+            self.state = TrainerState.load_from_json(os.path.join(resume, ckpt_layout.TRAINER_STATE_NAME))
+            self.state.is_local_process_zero = self.is_local_process_zero()
+            self.state.is_world_process_zero = self.is_world_process_zero()
+            best = self.state.best_model_checkpoint
+            if best is not None and not os.path.isdir(best):
+                logger.warning("The best checkpoint %s recorded in the resumed state no longer exists.", best)
+                self.state.best_model_checkpoint = None
+            epochs_trained = self.state.global_step // upe
+            windows_done = 0 if self.args.ignore_data_skip else self.state.global_step % upe
+            self._resume_epoch = epochs_trained
+        self.state.is_hyper_param_search = trial is not None
+        self.state.train_batch_size = self._train_batch_size
+        self.state.compute_steps(self.args, max_steps)
+        self.state.init_training_references(self, max_steps, self._num_train_epochs(max_steps, upe), trial)
+        return epochs_trained, windows_done
+
+    def _epoch_iterator(self, dataloader: Any, epoch: int, skip_batches: int, resume: str | None) -> Any:
+        """An iterator over ``epoch`` that starts after ``skip_batches`` micro-batches.
+
+        Map-style data skips at the sampler (nothing is loaded); iterable data is replayed, unless it can
+        restore its own position (see ``trainwell.checkpoint``).
+        """
+        sampler = getattr(self, "_train_sampler", None)
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        generator = getattr(self, "_train_generator", None)
+        if generator is not None:
+            generator.manual_seed(self._data_seed() + epoch)
+        for target in (dataloader, getattr(dataloader, "dataset", None)):
+            if hasattr(target, "set_epoch") and target is not sampler:
+                target.set_epoch(epoch)
+        if skip_batches and sampler is not None:
+            sampler.skip(skip_batches * self._train_batch_size * self.runtime.num_processes)
+            return iter(dataloader)
+        iterator = iter(dataloader)
+        for _ in range(skip_batches):  # iterable data: replay (documented cost)
+            next(iterator, None)
+        return iterator
+
+    def _data_seed(self) -> int:
+        return self.args.data_seed if self.args.data_seed is not None else self.args.seed
+
+    def _restore_rng(self, checkpoint: str) -> None:
+        ckpt_state.restore_rng(self, checkpoint)
+
+    def _finish_training(self) -> None:
+        """End of training: reload the best model when asked."""
+        if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
+            best = self.state.best_model_checkpoint
+            logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
+            load_model_weights(model_utils.unwrap(self.model), best, strict=False)
+
+    def _get_output_dir(self, trial: Any) -> str:
+        return self.args.output_dir
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        self._flush_token_count()
+        self.store_flos()
+        ckpt_state.save_checkpoint(self, self._get_output_dir(trial))
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Write the model (safetensors), processing class and training args to ``output_dir``."""
+        self._save(output_dir)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        save_model_weights(model_utils.unwrap(self.model), output_dir, state_dict=state_dict)
+        processing = self.processing_class or getattr(self.data_collator, "tokenizer", None)
+        if processing is not None and hasattr(processing, "save_pretrained"):
+            processing.save_pretrained(output_dir)
+        write_json(self.args.to_dict(), os.path.join(output_dir, TRAINING_ARGS_NAME))
+
+    def save_state(self) -> None:
+        """Write ``trainer_state.json`` into ``output_dir``."""
+        if self.args.should_save:
+            self.state.record_callback_states(self.callback_handler.callbacks + [self.control])
+            os.makedirs(self.args.output_dir, exist_ok=True)
+            self.state.save_to_json(os.path.join(self.args.output_dir, TRAINER_STATE_NAME))
