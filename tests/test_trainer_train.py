@@ -253,7 +253,7 @@ def test_optimizers_tuple_and_optimizer_cls_and_kwargs(out_dir):
                       train_dataset=RegressionDataset(),
                       optimizer_cls_and_kwargs=(torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}))
     trainer.train()
-    assert isinstance(trainer.optimizer.optimizer, torch.optim.SGD)
+    assert isinstance(getattr(trainer.optimizer, "optimizer", trainer.optimizer), torch.optim.SGD)
     assert trainer.optimizer.param_groups[0]["momentum"] == 0.9
     with pytest.raises(RuntimeError):
         Trainer(model=model, args=make_args(out_dir), optimizers=(opt, None),

@@ -92,6 +92,13 @@ class Runtime:
         return self.accelerator.prepare_model(model, evaluation_mode=evaluation_mode)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Wrap the optimizer when Accelerate has work to do in ``step`` (a grad scaler, DeepSpeed, XLA).
+
+        Otherwise the optimizer is returned as is: the wrapper's ``step`` re-checks optional packages on the
+        file system at every call, which costs more than a tiny model's whole optimizer step.
+        """
+        if self._plain_backward:
+            return optimizer
         return self.accelerator.prepare_optimizer(optimizer)
 
     def prepare_dataloader(self, dataloader: Any) -> Any:

@@ -47,8 +47,8 @@ def updates_per_epoch(batches_in_epoch: int, accumulation_steps: int) -> int:
     return max(math.ceil(batches_in_epoch / accumulation_steps), 1)
 
 
-def count_items(batch: Any, label_names: Sequence[str], shift_labels: bool = False) -> torch.Tensor:
-    """Loss items in one micro-batch, as a 0-d tensor on the batch's device (no host sync).
+def count_items(batch: Any, label_names: Sequence[str], shift_labels: bool = False) -> torch.Tensor | int:
+    """Loss items in one micro-batch: a 0-d tensor on the labels' device, or a Python int (no host sync).
 
     Integer labels count their entries that are not ``-100`` (over ``labels[..., 1:]`` when the model shifts
     labels, or over a collator-provided ``shift_labels``); float labels count every entry; a batch without
@@ -61,11 +61,12 @@ def count_items(batch: Any, label_names: Sequence[str], shift_labels: bool = Fal
             labels = batch.get(name)
             if isinstance(labels, torch.Tensor):
                 if labels.is_floating_point():
-                    return torch.tensor(labels.numel(), device=labels.device)
+                    return labels.numel()
                 if shift_labels and labels.dim() >= 2:
                     labels = labels[..., 1:]
                 return labels.ne(-100).sum()
-    return torch.tensor(find_batch_size(batch) or 0)
+    # Python ints, not new CPU tensors: copying a pageable CPU tensor to a GPU synchronizes the stream.
+    return find_batch_size(batch) or 0
 
 
 def find_batch_size(batch: Any) -> int | None:
@@ -86,8 +87,8 @@ def find_batch_size(batch: Any) -> int | None:
 
 
 def loss_factors(
-    micro_items: Sequence[torch.Tensor],
-    window_items: torch.Tensor,
+    micro_items: Sequence[torch.Tensor | int],
+    window_items: torch.Tensor | int,
     world_size: int,
     loss_normalized_by_window: bool,
 ) -> list[torch.Tensor | float]:
@@ -98,5 +99,8 @@ def loss_factors(
     """
     if loss_normalized_by_window:
         return [float(world_size)] * len(micro_items)
-    denominator = window_items.clamp(min=1)
+    if isinstance(window_items, torch.Tensor):
+        denominator: torch.Tensor | int = window_items.clamp(min=1)
+    else:
+        denominator = max(int(window_items), 1)
     return [n * world_size / denominator for n in micro_items]

@@ -126,6 +126,9 @@ class FitLoop:
         self.needs_counts = scaled or self.accumulation > 1 or self.average_across
         self.label_names = t.label_names or ["labels"]
         self.shift_labels = t._loss_shifts_labels
+        # Trainable parameters, listed once: clipping and zeroing then skip the module-tree walk per step.
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self._scheduler_on_eval = t._scheduler_steps_on_eval
 
     # ------------------------------------------------------------------------------------------- epochs
     def _run_epoch(self, epoch: int, skip_windows: int) -> None:
@@ -202,30 +205,31 @@ class FitLoop:
     def _epoch_length(self, step: int) -> int:
         return self.steps_in_epoch if self.steps_in_epoch is not None else self.args.max_steps * self.accumulation
 
-    def _window_scaling(self, batches: list[Any]) -> tuple[torch.Tensor | None, list[Any] | None]:
+    def _window_scaling(self, batches: list[Any]) -> tuple[torch.Tensor | int | None, list[Any] | None]:
         """``num_items_in_batch`` for the window and each micro-batch's loss factor (None: leave as is)."""
         if not self.needs_counts:
             return None, None
+        device = self.runtime.device
         micro = [count_items(b, self.label_names, self.shift_labels) for b in batches]
-        total = torch.stack(micro).sum() if len(micro) > 1 else micro[0]
-        total = total.to(self.runtime.device)
+        total = sum(micro[1:], micro[0])  # stays a device tensor when the counts are (no host sync)
         if self.average_across:
-            total = self.runtime.reduce_sum(total)
-        micro = [m.to(self.runtime.device) for m in micro]
-        factors = loss_factors(micro, total, self.loss_world, self.loss_normalized_by_window)
-        return total, factors
+            total = self.runtime.reduce_sum(torch.as_tensor(total, device=device))
+        if isinstance(total, torch.Tensor):
+            total = total.to(device)
+        return total, loss_factors(micro, total, self.loss_world, self.loss_normalized_by_window)
 
     def _optimizer_step(self) -> None:
         t, args, handler = self.trainer, self.args, self.trainer.callback_handler
         max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
-        self._grad_norm = self.runtime.clip_grad_norm_(self.model.parameters(), max_norm)
+        self._grad_norm = self.runtime.clip_grad_norm_(self._params, max_norm)
         t.control = handler.on_pre_optimizer_step(args, t.state, t.control)
         t.optimizer.step()
         t.control = handler.on_optimizer_step(args, t.state, t.control)
         self._learning_rate = t._get_learning_rate()
-        if not t._scheduler_steps_on_eval and not self.runtime.optimizer_step_was_skipped:
+        if not self._scheduler_on_eval and not self.runtime.optimizer_step_was_skipped:
             t.lr_scheduler.step()
-        self.model.zero_grad(set_to_none=True)
+        for param in self._params:  # model.zero_grad() would walk the module tree again
+            param.grad = None
 
     # ------------------------------------------------------------------------------------------- finish
     def _finish(self, num_train_samples: float, start_time: float) -> TrainOutput:
