@@ -200,6 +200,10 @@ class CallbackHandler(TrainerCallback):
         return control
 
 
+    def has_listeners(self, event: str) -> bool:
+        """Whether any callback implements ``event`` (lets hot loops skip events nobody listens to)."""
+        return bool(self._listeners(event))
+
     def _listeners(self, event: str) -> list[TrainerCallback]:
         """The callbacks that implement ``event`` (the base class's no-op does not count), in order.
 

@@ -23,6 +23,8 @@ import torch
 
 from trainwell.loop.accumulation import count_items, loss_factors, updates_per_epoch, window_sizes
 from trainwell.outputs import TrainOutput
+from trainwell.trainer_parts import TrainerPartsMixin
+from trainwell.utils.model import unwrap
 from trainwell.utils.metrics import speed_metrics
 
 if TYPE_CHECKING:
@@ -101,6 +103,7 @@ class FitLoop:
 
         model.zero_grad(set_to_none=True)
         t.control = t.callback_handler.on_train_begin(self.args, t.state, t.control)
+        self._cache_listeners()
         if self.args.eval_on_start:
             t._evaluate(self.trial, self.ignore_keys, skip_scheduler=True)
 
@@ -129,6 +132,26 @@ class FitLoop:
         # Trainable parameters, listed once: clipping and zeroing then skip the module-tree walk per step.
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self._scheduler_on_eval = t._scheduler_steps_on_eval
+        self._may_skip = self.runtime.scaler is not None
+        self._max_norm = self.args.max_grad_norm if self.args.max_grad_norm and self.args.max_grad_norm > 0 else math.inf
+        self._no_sync = contextlib.nullcontext()
+        # Flops and tokens are only counted when something can be counted: token counting is on, the model
+        # reports its parameter count, or a subclass overrides floating_point_ops.
+        self._counts_inputs = (
+            self.args.include_num_input_tokens_seen != "no"
+            or t.floating_point_ops.__func__ is not TrainerPartsMixin.floating_point_ops
+            or callable(getattr(unwrap(self.model), "num_parameters", None))
+        )
+        steps = self.steps_in_epoch
+        self._epoch_length = steps if steps is not None else self.args.max_steps * self.accumulation
+
+    def _cache_listeners(self) -> None:
+        """Which per-step events have listeners, decided once the callbacks are settled (after on_train_begin)."""
+        handler = self.trainer.callback_handler
+        self._fires = {
+            event: handler.has_listeners(event)
+            for event in ("on_step_begin", "on_substep_end", "on_pre_optimizer_step", "on_optimizer_step")
+        }
 
     # ------------------------------------------------------------------------------------------- epochs
     def _run_epoch(self, epoch: int, skip_windows: int) -> None:
@@ -176,34 +199,35 @@ class FitLoop:
 
     # ------------------------------------------------------------------------------------------- one step
     def _run_window(self, batches: list[Any], epoch: int, step: int) -> int:
-        t, args = self.trainer, self.args
+        t, args, state = self.trainer, self.args, self.trainer.state
         handler = t.callback_handler
         num_items, factors = self._window_scaling(batches)
         last = len(batches) - 1
         for i, inputs in enumerate(batches):
             step += 1
             if i == 0:
-                t.control = handler.on_step_begin(args, t.state, t.control)
+                if self._fires["on_step_begin"]:
+                    t.control = handler.on_step_begin(args, state, t.control)
+                else:
+                    t.control._new_step()  # the flag reset the handler would do, without the dispatch
             t._loss_factor = factors[i] if factors is not None else None
-            sync = contextlib.nullcontext() if i == last else self.runtime.no_sync(self.model)
-            with sync:
+            with self._no_sync if i == last else self.runtime.no_sync(self.model):
                 loss = t.training_step(self.model, inputs, num_items)
-            self.losses.add(loss, t.state.global_step - t._globalstep_last_logged)
-            t._count_flos_and_tokens(inputs)
-            if i != last:
-                t.control = handler.on_substep_end(args, t.state, t.control)
+            self.losses.add(loss, state.global_step - t._globalstep_last_logged)
+            if self._counts_inputs:
+                t._count_flos_and_tokens(inputs)
+            if i != last and self._fires["on_substep_end"]:
+                t.control = handler.on_substep_end(args, state, t.control)
         self._optimizer_step()
-        t.state.global_step += 1
-        t.state.epoch = epoch + (step + 1) / self._epoch_length(step)
-        t.control = handler.on_step_end(args, t.state, t.control)
+        state.global_step += 1
+        state.epoch = epoch + (step + 1) / self._epoch_length
+        t.control = handler.on_step_end(args, state, t.control)
         t._maybe_log_save_evaluate(
             self.losses, self._grad_norm, self.model, self.trial, epoch, self.ignore_keys, self.start_time,
             learning_rate=self._learning_rate,
         )
         return step
 
-    def _epoch_length(self, step: int) -> int:
-        return self.steps_in_epoch if self.steps_in_epoch is not None else self.args.max_steps * self.accumulation
 
     def _window_scaling(self, batches: list[Any]) -> tuple[torch.Tensor | int | None, list[Any] | None]:
         """``num_items_in_batch`` for the window and each micro-batch's loss factor (None: leave as is)."""
@@ -220,13 +244,15 @@ class FitLoop:
 
     def _optimizer_step(self) -> None:
         t, args, handler = self.trainer, self.args, self.trainer.callback_handler
-        max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
-        self._grad_norm = self.runtime.clip_grad_norm_(self._params, max_norm)
-        t.control = handler.on_pre_optimizer_step(args, t.state, t.control)
+        self._grad_norm = self.runtime.clip_grad_norm_(self._params, self._max_norm)
+        if self._fires["on_pre_optimizer_step"]:
+            t.control = handler.on_pre_optimizer_step(args, t.state, t.control)
         t.optimizer.step()
-        t.control = handler.on_optimizer_step(args, t.state, t.control)
+        if self._fires["on_optimizer_step"]:
+            t.control = handler.on_optimizer_step(args, t.state, t.control)
         self._learning_rate = t._get_learning_rate()
-        if not self._scheduler_on_eval and not self.runtime.optimizer_step_was_skipped:
+        # Only a grad scaler can skip a step (fp16 overflow); asking Accelerate otherwise is wasted work.
+        if not self._scheduler_on_eval and not (self._may_skip and self.runtime.optimizer_step_was_skipped):
             t.lr_scheduler.step()
         for param in self._params:  # model.zero_grad() would walk the module tree again
             param.grad = None
