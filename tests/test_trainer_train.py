@@ -286,3 +286,17 @@ def test_report_to_none_means_no_reporting(out_dir):
 def test_unsupported_argument_is_an_error_naming_it(out_dir):
     with pytest.raises(NotImplementedError, match="neftune_noise_alpha"):
         make_args(out_dir, neftune_noise_alpha=5.0)
+
+
+def test_log_level_sets_the_trainwell_logger(out_dir):
+    import logging
+
+    logger = logging.getLogger("trainwell")
+    before = logger.level
+    try:
+        Trainer(model=RegressionModel(), args=make_args(out_dir, log_level="error"))
+        assert logger.getEffectiveLevel() == logging.ERROR
+        Trainer(model=RegressionModel(), args=make_args(out_dir, log_level="info"))
+        assert logger.getEffectiveLevel() == logging.INFO
+    finally:
+        logger.setLevel(before)

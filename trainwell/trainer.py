@@ -73,6 +73,8 @@ class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
         self.args = args
         self._seed()
         self.runtime = Runtime(args)
+        # log_level on the main process, log_level_replica on the others ("passive" keeps the current level)
+        logging.getLogger("trainwell").setLevel(args.get_process_log_level())
         self.accelerator = self.runtime.accelerator
         self.model_init = model_init
         self.hp_search_backend = None
