@@ -4,11 +4,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
+
+# pip here warns about every configured local package folder that does not exist; keep the rest of its output.
+pip_install() {
+  local status=0
+  .venv/bin/python -m pip install -q "$@" 2>&1 | grep -v "^WARNING: Location 'file:" || status=${PIPESTATUS[0]}
+  return "$status"
+}
+
 python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q "torch==2.13.0"
+pip_install --upgrade pip
+pip_install "torch==2.13.0"
 if [ -n "$extras" ]; then
-  .venv/bin/python -m pip install -q -e ".[$extras]"
+  pip_install -e ".[$extras]"
 else
-  .venv/bin/python -m pip install -q -e .
+  pip_install -e .
 fi

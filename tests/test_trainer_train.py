@@ -300,3 +300,18 @@ def test_log_level_sets_the_trainwell_logger(out_dir):
         assert logger.getEffectiveLevel() == logging.INFO
     finally:
         logger.setLevel(before)
+
+
+def test_activation_checkpointing_calls_the_models_method(out_dir):
+    class Checkpointable(RegressionModel):
+        enabled_with = None
+
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+            Checkpointable.enabled_with = gradient_checkpointing_kwargs
+
+    args = make_args(out_dir, activation_checkpointing=True, activation_checkpointing_kwargs={"use_reentrant": False},
+                     max_steps=1)
+    Trainer(model=Checkpointable(), args=args, train_dataset=RegressionDataset()).train()
+    assert Checkpointable.enabled_with == {"use_reentrant": False}
+    with pytest.raises(AttributeError, match="activation_checkpointing"):
+        Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset()).train()

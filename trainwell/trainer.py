@@ -167,14 +167,20 @@ class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
 
     def _default_callbacks(self, user: list | None) -> list:
         from trainwell.events.flow import DefaultFlowCallback
-        from trainwell.events.progress import PrinterCallback, ProgressCallback
-
+        from trainwell.events.progress import PrinterCallback, ProgressCallback, apply_log_level
         from trainwell.integrations import reporting_callbacks
 
+        # Set before any callback is built, so trackers and the progress display log at the chosen level.
+        apply_log_level(self.args)
         callbacks: list[Any] = [DefaultFlowCallback]
         callbacks += reporting_callbacks(self.args.report_to)
         callbacks += list(user or [])
         callbacks.append(PrinterCallback if self.args.disable_tqdm else ProgressCallback)
+        if self.args.enable_jit_checkpoint:
+            from trainwell.checkpoint.preemption import JITCheckpointCallback
+
+            distributed = self.runtime.distributed
+            callbacks.append(JITCheckpointCallback(self.runtime.reduce_sum if distributed else None))
         return callbacks
 
     def _validate_trainer_args(self) -> None:
@@ -240,20 +246,24 @@ class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
             self._enable_activation_checkpointing()
         resume_from_checkpoint = self._resolve_resume(resume_from_checkpoint)
         try:
-            return FitLoop(self, resume_from_checkpoint, trial, ignore_keys_for_eval).run()
+            output = FitLoop(self, resume_from_checkpoint, trial, ignore_keys_for_eval).run()
         finally:
             self.is_in_train = False
+            interrupted = self._end_preemption()
+        if interrupted:  # Ctrl-C with enable_jit_checkpoint: the checkpoint is saved, now stop as Ctrl-C would
+            raise KeyboardInterrupt
+        return output
 
     def _enable_activation_checkpointing(self) -> None:
+        """Turn on the model's own activation checkpointing (the newer method name first, as transformers 5)."""
         kwargs = self.args.activation_checkpointing_kwargs or {}
-        for name in ("activation_checkpointing_enable", "gradient_checkpointing_enable"):
-            method = getattr(self.model, name, None)
+        for method_name, kwarg_name in (
+            ("activation_checkpointing_enable", "activation_checkpointing_kwargs"),
+            ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs"),
+        ):
+            method = getattr(self.model, method_name, None)
             if callable(method):
-                try:
-                    method(**({"activation_checkpointing_kwargs": kwargs} if "activation" in name else
-                              {"gradient_checkpointing_kwargs": kwargs}))
-                except TypeError:
-                    method()
+                method(**{kwarg_name: kwargs})
                 return
         raise AttributeError(
             f"activation_checkpointing=True but {type(self.model).__name__} has no activation_checkpointing_enable "
