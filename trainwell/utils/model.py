@@ -81,7 +81,14 @@ def loss_shifts_labels(model: nn.Module) -> bool:
     if getattr(config, "is_encoder_decoder", False):
         return False
     loss_type = getattr(inner, "loss_type", None) or ""
-    return "ForCausalLM" in str(loss_type) or type(inner).__name__.endswith("ForCausalLM")
+    if "ForCausalLM" in str(loss_type) or type(inner).__name__.endswith("ForCausalLM"):
+        return True
+    # transformers models without a recognised loss_type (e.g. GPT2LMHeadModel) fall back to the causal-LM loss;
+    # the reference then counts unshifted labels and divides by one item too many per row.
+    loss_fn = getattr(type(inner), "loss_function", None)
+    if isinstance(loss_fn, property) and is_pretrained_model(inner):
+        return getattr(getattr(inner, "loss_function", None), "__name__", "") == "ForCausalLMLoss"
+    return False
 
 
 def main_input_name(model: nn.Module) -> str:

@@ -1,0 +1,107 @@
+"""trainwell trains `transformers` models (built from a config in code: nothing is downloaded), and matches
+the reference Trainer on the same run. Skipped when `transformers` is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+transformers = pytest.importorskip("transformers")
+
+from trainwell import Trainer, TrainingArguments  # noqa: E402
+
+
+def tiny_gpt2():
+    config = transformers.GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=2, n_head=2,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+class Tokens(Dataset):
+    """Variable-length counting sequences (next token = previous + 1), padded to 12 with labels -100."""
+
+    def __init__(self, n=32, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.items = []
+        for _ in range(n):
+            length = int(torch.randint(4, 13, (1,), generator=g))
+            start = int(torch.randint(3, 30, (1,), generator=g))
+            ids = torch.arange(start, start + 12)
+            mask = (torch.arange(12) < length).long()
+            labels = ids.masked_fill(mask == 0, -100)
+            self.items.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def tiny_llama():
+    config = transformers.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+def run(trainer_cls, args_cls, out_dir, model_fn=tiny_gpt2, **kwargs):
+    args = args_cls(output_dir=out_dir, report_to="none", disable_tqdm=True, use_cpu=True, learning_rate=1e-2,
+                    per_device_train_batch_size=4, logging_steps=1, save_strategy="no", **kwargs)
+    trainer = trainer_cls(model=model_fn(), args=args, train_dataset=Tokens(), eval_dataset=Tokens(n=8, seed=1))
+    result = trainer.train()
+    metrics = trainer.evaluate()
+    return trainer, result, metrics
+
+
+def test_gpt2_trains_and_saves_pretrained(out_dir):
+    trainer, result, metrics = run(Trainer, TrainingArguments, out_dir, num_train_epochs=3)
+    assert trainer.model_accepts_loss_kwargs  # a transformers model normalizes by num_items_in_batch
+    assert trainer._loss_shifts_labels
+    assert result.metrics["total_flos"] > 0  # transformers models report num_parameters()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert losses[-1] < losses[0]
+    trainer.save_model()
+    assert {"config.json", "model.safetensors"} <= set(os.listdir(out_dir))
+    reloaded = transformers.GPT2LMHeadModel.from_pretrained(out_dir)
+    for a, b in zip(reloaded.parameters(), trainer.model.parameters()):
+        torch.testing.assert_close(a, b)
+    assert json.load(open(os.path.join(out_dir, "config.json")))["n_layer"] == 2
+
+
+def test_gpt2_num_items_counts_the_shifted_labels(out_dir):
+    # GPT2LMHeadModel has no loss_type, so the reference counts unshifted labels (one item too many per row)
+    # although the model's loss shifts them; trainwell counts what the loss averages over.
+    seen = []
+
+    class Spy(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            seen.append((int(num_items_in_batch), int((inputs["labels"][:, 1:] != -100).sum())))
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    args = TrainingArguments(output_dir=out_dir, report_to="none", disable_tqdm=True, use_cpu=True, max_steps=2,
+                             per_device_train_batch_size=4, save_strategy="no")
+    Spy(model=tiny_gpt2(), args=args, train_dataset=Tokens()).train()
+    assert seen and all(window == shifted for window, shifted in seen)
+
+
+@pytest.mark.parametrize("ga", [1, 2])
+def test_same_losses_as_the_reference_trainer(tmp_path, ga):
+    # A model whose loss_type the reference recognises, so both count the same items.
+    ours, our_result, our_metrics = run(Trainer, TrainingArguments, str(tmp_path / "tw"), model_fn=tiny_llama,
+                                        gradient_accumulation_steps=ga)
+    ref, ref_result, ref_metrics = run(transformers.Trainer, transformers.TrainingArguments, str(tmp_path / "hf"),
+                                       model_fn=tiny_llama, gradient_accumulation_steps=ga)
+    ours_losses = [h["loss"] for h in ours.state.log_history if "loss" in h]
+    ref_losses = [h["loss"] for h in ref.state.log_history if "loss" in h]
+    assert ours_losses == pytest.approx(ref_losses, abs=2e-4)
+    assert our_result.training_loss == pytest.approx(ref_result.training_loss, rel=1e-4)
+    assert our_metrics["eval_loss"] == pytest.approx(ref_metrics["eval_loss"], rel=1e-4)
+    for a, b in zip(ours.model.parameters(), ref.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
