@@ -315,3 +315,21 @@ def test_activation_checkpointing_calls_the_models_method(out_dir):
     assert Checkpointable.enabled_with == {"use_reentrant": False}
     with pytest.raises(AttributeError, match="activation_checkpointing"):
         Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset()).train()
+
+
+def test_trainwell_never_imports_transformers(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from trainwell import Trainer, TrainingArguments, DataCollatorWithPadding\n"
+        "from tests.common.models import RegressionDataset, RegressionModel\n"
+        f"args = TrainingArguments(output_dir={str(tmp_path)!r}, max_steps=2, report_to='none', use_cpu=True)\n"
+        "t = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset())\n"
+        "t.train(); t.evaluate(RegressionDataset(length=8)); t.save_model()\n"
+        "assert 'transformers' not in sys.modules, 'transformers was imported'\n"
+    )
+    root = __import__("os").path.dirname(__import__("os").path.dirname(__file__))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
