@@ -333,3 +333,27 @@ def test_trainwell_never_imports_transformers(tmp_path):
     root = __import__("os").path.dirname(__import__("os").path.dirname(__file__))
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_full_determinism_switches_torch_to_deterministic_algorithms(out_dir):
+    try:
+        Trainer(model=RegressionModel(), args=make_args(out_dir, full_determinism=True, max_steps=2),
+                train_dataset=RegressionDataset()).train()
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_dataloader_workers_give_the_same_run_as_the_main_process(out_dir):
+    def final(**kwargs):
+        args = make_args(out_dir, learning_rate=0.1, max_steps=10, **kwargs)
+        trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset())
+        trainer.train()
+        return trainer.model.a.item(), trainer.model.b.item()
+
+    assert final(dataloader_num_workers=2, dataloader_persistent_workers=True,
+                 dataloader_prefetch_factor=4) == final()
+    for drop_last, steps in ((True, 7), (False, 8)):  # 60 samples in batches of 8
+        args = make_args(out_dir, num_train_epochs=1, dataloader_drop_last=drop_last)
+        trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=60))
+        assert trainer.train().global_step == steps
