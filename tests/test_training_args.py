@@ -485,7 +485,7 @@ def test_report_to_unknown_name_lists_known_ones():
 
 
 def test_known_report_to_is_the_one_list():
-    assert normalize.KNOWN_REPORT_TO == ("tensorboard", "mlflow", "wandb", "trackio")
+    assert normalize.KNOWN_REPORT_TO == ("tensorboard", "mlflow", "wandb", "trackio", "jsonl", "csv")
     assert tuple(normalize._REPORT_TO_PACKAGES) == normalize.KNOWN_REPORT_TO
 
 
@@ -635,8 +635,10 @@ def test_alias_at_its_4x_default_is_dropped_silently(kwargs):
 
 
 def test_alias_targets_unsupported_field_still_refused():
-    with pytest.warns(FutureWarning), pytest.raises(NotImplementedError, match="train_sampling_strategy"):
-        make(group_by_length=True)
+    with pytest.warns(FutureWarning):
+        assert make(group_by_length=True).train_sampling_strategy == "group_by_length"
+    with pytest.raises(NotImplementedError, match="train_sampling_strategy"):
+        make(train_sampling_strategy="batch_rebalance")
 
 
 @pytest.mark.parametrize(
@@ -766,7 +768,7 @@ UNSUPPORTED_SAMPLES = {
     "trackio_static_space_id": "me/static",
     "skip_memory_metrics": False,
     "eval_do_concat_batches": False,
-    "train_sampling_strategy": "group_by_length",
+    "train_sampling_strategy": "batch_rebalance",
 }
 
 

@@ -68,6 +68,8 @@ class CheckpointMixin:
             epochs_trained = self.state.global_step // upe
             windows_done = 0 if self.args.ignore_data_skip else self.state.global_step % upe
             self._resume_epoch = epochs_trained
+            if self.args.restore_callback_states_from_checkpoint:
+                ckpt_state.restore_callback_states(self)
         self.state.is_hyper_param_search = trial is not None
         self.state.train_batch_size = self._train_batch_size
         self.state.compute_steps(self.args, max_steps)
@@ -78,17 +80,22 @@ class CheckpointMixin:
         """An iterator over ``epoch`` that starts after ``skip_batches`` micro-batches.
 
         Map-style data skips at the sampler (nothing is loaded); iterable data is replayed, unless it can
-        restore its own position (see ``trainwell.checkpoint``).
+        restore its own position (``state_dict``/``load_state_dict``, see ``trainwell.checkpoint``).
         """
+        resuming_here = resume is not None and epoch == self._resume_epoch
+        if skip_batches and resuming_here and not self.args.ignore_data_skip:
+            if ckpt_state.restore_data_state(self, resume):
+                skip_batches = 0  # the dataset resumes at its saved position by itself
         sampler = getattr(self, "_train_sampler", None)
         if sampler is not None:
             sampler.set_epoch(epoch)
         generator = getattr(self, "_train_generator", None)
         if generator is not None:
             generator.manual_seed(self._data_seed() + epoch)
-        for target in (dataloader, getattr(dataloader, "dataset", None)):
-            if hasattr(target, "set_epoch") and target is not sampler:
-                target.set_epoch(epoch)
+        # Accelerate's prepared loaders forward set_epoch to their dataset; a plain DataLoader has none.
+        target = dataloader if hasattr(dataloader, "set_epoch") else getattr(dataloader, "dataset", None)
+        if hasattr(target, "set_epoch") and target is not sampler:
+            target.set_epoch(epoch)
         if skip_batches and sampler is not None:
             sampler.skip(skip_batches * self._train_batch_size * self.runtime.num_processes)
             return iter(dataloader)
@@ -96,6 +103,19 @@ class CheckpointMixin:
         for _ in range(skip_batches):  # iterable data: replay (documented cost)
             next(iterator, None)
         return iterator
+
+    def _jit_callback(self) -> Any:
+        from trainwell.checkpoint.preemption import JITCheckpointCallback
+
+        return next((cb for cb in self.callback_handler.callbacks if isinstance(cb, JITCheckpointCallback)), None)
+
+    def _end_preemption(self) -> bool:
+        """Restore the signal handlers after ``train()``; True when Ctrl-C stopped it (after saving)."""
+        callback = self._jit_callback()
+        if callback is None:
+            return False
+        callback.uninstall()
+        return callback.interrupted
 
     def _data_seed(self) -> int:
         return self.args.data_seed if self.args.data_seed is not None else self.args.seed

@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from trainwell.integrations import TRACKERS
 from trainwell.outputs import HubStrategy, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
 
 # Fields that accept a dict, or a JSON object string (parsed only when it starts with "{": any other string
@@ -44,14 +45,10 @@ ENUM_FIELDS: dict[str, type] = {
     "optim": OptimizerNames,
 }
 
-# Tracker names trainwell knows, each with the packages whose presence makes it part of report_to="all".
-KNOWN_REPORT_TO: tuple[str, ...] = ("tensorboard", "mlflow", "wandb", "trackio")
-_REPORT_TO_PACKAGES: dict[str, tuple[str, ...]] = {
-    "tensorboard": ("tensorboard", "tensorboardX"),
-    "mlflow": ("mlflow",),
-    "wandb": ("wandb",),
-    "trackio": ("trackio",),
-}
+# Tracker names trainwell knows: the keys of the integrations registry (a light module: importing it
+# imports no tracker), so a tracker added there is accepted here with no second list to keep in step.
+KNOWN_REPORT_TO: tuple[str, ...] = tuple(TRACKERS)
+_REPORT_TO_PACKAGES: dict[str, tuple[str, ...]] = {name: t.packages for name, t in TRACKERS.items()}
 
 DEBUG_OPTIONS: tuple[str, ...] = ("underflow_overflow", "tpu_metrics_debug")
 INCLUDE_TOKENS_CHOICES: tuple[str, ...] = ("all", "non_padding", "no")
@@ -177,16 +174,10 @@ def resolve_checkpointing(args: Any) -> None:
 # --- report_to -----------------------------------------------------------------------------------------
 
 
-def _installed(package: str) -> bool:
-    try:
-        return importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):  # a half-installed package, or a module with no __spec__
-        return False
-
-
 def available_report_to() -> list[str]:
-    """The known trackers whose package is installed. Uses ``find_spec``: nothing gets imported."""
-    return [name for name in KNOWN_REPORT_TO if any(map(_installed, _REPORT_TO_PACKAGES[name]))]
+    """The third-party trackers whose package is installed (as with the reference, "all" means the installed
+    integrations; the built-in jsonl/csv loggers are asked for by name). Uses ``find_spec``: nothing is imported."""
+    return [name for name, tracker in TRACKERS.items() if tracker.packages and tracker.installed()]
 
 
 def normalize_report_to(value: Any) -> list[str]:

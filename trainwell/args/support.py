@@ -31,26 +31,14 @@ UNSUPPORTED: dict[str, str] = {
     "neftune_noise_alpha": "NEFTune noise is not implemented yet",
     "auto_find_batch_size": "automatic batch-size search is not implemented yet",
     "debug": "debug options (underflow_overflow, tpu_metrics_debug) are not implemented",
-    "enable_jit_checkpoint": "preemption checkpoints (SIGTERM) are not implemented yet",
-    "eval_accumulation_steps": "evaluation already moves each batch's outputs off the device; this knob is not implemented yet",
-    "batch_eval_metrics": "per-batch metrics are not implemented yet",
-    "include_for_metrics": "passing inputs/losses to compute_metrics is not implemented yet",
-    "eval_use_gather_object": "gathering Python objects in evaluation is not implemented yet",
-    "save_on_each_node": "saving on each node is not implemented yet",
-    "restore_callback_states_from_checkpoint": "restoring callback states is not implemented yet",
-    "project": "experiment trackers are not wired up yet",
-    "trackio_space_id": "experiment trackers are not wired up yet",
-    "trackio_bucket_id": "experiment trackers are not wired up yet",
-    "trackio_static_space_id": "experiment trackers are not wired up yet",
 }
 
 # Fields where some values are supported and others are not yet.
 _ALLOWED_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
     "skip_memory_metrics": ((True,), "memory metrics (*_mem_cpu_*, *_mem_gpu_*) are not implemented yet"),
-    "eval_do_concat_batches": ((True,), "returning predictions as a list of batches is not implemented yet"),
     "train_sampling_strategy": (
-        ("random", "sequential"),
-        "only 'random' and 'sequential' sampling are implemented yet",
+        ("random", "sequential", "group_by_length"),
+        "'batch_rebalance' sampling is not implemented yet",
     ),
 }
 

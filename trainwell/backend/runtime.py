@@ -20,6 +20,32 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+_EXIT_HOOK_REGISTERED = False
+
+
+def _destroy_process_group_at_exit() -> None:
+    """Tear the process group down at interpreter exit (registered once per process).
+
+    Left to interpreter finalization, gloo's worker threads can be destroyed while still joinable when the
+    ranks exit at different moments, and the process dies with ``terminate called without an active
+    exception`` (SIGABRT) after the script finished: torchrun then reports the whole job as failed. An
+    explicit ``destroy_process_group`` before finalization is not a collective and exits cleanly.
+    """
+    global _EXIT_HOOK_REGISTERED
+    if _EXIT_HOOK_REGISTERED:
+        return
+    _EXIT_HOOK_REGISTERED = True
+    import atexit
+
+    def destroy() -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+    atexit.register(destroy)
+
+
 class Runtime:
     """Device, precision and process topology for one ``Trainer``, backed by an ``accelerate.Accelerator``."""
 
@@ -74,6 +100,8 @@ class Runtime:
         self.is_main_process: bool = self.accelerator.is_main_process
         self.is_local_main_process: bool = self.accelerator.is_local_main_process
         self.distributed: bool = self.num_processes > 1
+        if self.distributed:
+            _destroy_process_group_at_exit()
         self.mixed_precision: str = str(self.accelerator.mixed_precision)
         from accelerate.utils import DistributedType
 

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Iterable
 
@@ -27,7 +28,6 @@ SCHEDULER_NAME = "scheduler.pt"
 SCALER_NAME = "scaler.pt"
 TRAINER_STATE_NAME = "trainer_state.json"
 TRAINING_ARGS_NAME = "training_args.json"
-DATA_STATE_NAME = "data_state.json"
 TMP_PREFIX = ".tmp-"
 
 _CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
@@ -35,6 +35,11 @@ _CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 def rng_file_name(process_index: int, num_processes: int) -> str:
     return "rng_state.pth" if num_processes <= 1 else f"rng_state_{process_index}.pth"
+
+
+def data_state_file_name(process_index: int, num_processes: int) -> str:
+    """The position of a stateful ``IterableDataset`` (its ``state_dict()``), one file per process."""
+    return "data_state.pth" if num_processes <= 1 else f"data_state_{process_index}.pth"
 
 
 def checkpoint_path(output_dir: str | os.PathLike, step: int) -> Path:
@@ -58,22 +63,45 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
 def incomplete_reason(path: str | os.PathLike) -> str | None:
     """Why ``path`` is not a loadable checkpoint, or ``None`` when it looks complete.
 
-    Cheap checks only (no tensor is read): the trainer state parses, some model weights exist and the
-    safetensors header of the main weights file is intact.
+    Cheap checks only (no tensor is read, no pickle is opened): the trainer state parses as a JSON object,
+    some model weights exist, every safetensors file is as long as its header says, and every ``.pt``/``.pth``
+    file (optimizer, scheduler, RNG states) is a whole zip archive (a truncated one has no end record). When
+    ``training_args.json`` says the checkpoint was not ``save_only_model``, the optimizer and scheduler
+    files must be there too.
     """
     path = Path(path)
     state_file = path / TRAINER_STATE_NAME
     if not state_file.is_file():
         return f"{TRAINER_STATE_NAME} is missing"
     try:
-        json.loads(state_file.read_text())
+        if not isinstance(json.loads(state_file.read_text()), dict):
+            return f"{TRAINER_STATE_NAME} is not a JSON object"
     except (OSError, ValueError) as err:
         return f"{TRAINER_STATE_NAME} is not valid JSON ({err})"
     weights = [path / WEIGHTS_NAME, path / WEIGHTS_INDEX_NAME, path / LEGACY_WEIGHTS_NAME]
     if not any(w.is_file() for w in weights):
         return "no model weights file"
-    if (path / WEIGHTS_NAME).is_file():
-        return _safetensors_problem(path / WEIGHTS_NAME)
+    for file in sorted(path.glob("*.safetensors")):
+        problem = _safetensors_problem(file)
+        if problem is not None:
+            return problem
+    for file in sorted([*path.glob("*.pt"), *path.glob("*.pth"), *path.glob(LEGACY_WEIGHTS_NAME)]):
+        if not zipfile.is_zipfile(file):
+            return f"{file.name} is truncated or not a torch file"
+    return _missing_training_state(path)
+
+
+def _missing_training_state(path: Path) -> str | None:
+    """The optimizer or scheduler file missing from a checkpoint whose arguments say it should have them."""
+    try:
+        saved_args = json.loads((path / TRAINING_ARGS_NAME).read_text())
+    except (OSError, ValueError):
+        return None  # written by the reference (training_args.bin) or by hand: nothing to check against
+    if not isinstance(saved_args, dict) or saved_args.get("save_only_model"):
+        return None
+    for name in (OPTIMIZER_NAME, SCHEDULER_NAME):
+        if not (path / name).is_file():
+            return f"{name} is missing"
     return None
 
 

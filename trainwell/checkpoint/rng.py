@@ -5,6 +5,7 @@ States are stored as tensors and plain Python values only, so they load with ``w
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -25,12 +26,29 @@ def get_rng_state() -> dict[str, Any]:
     return state
 
 
+def load_rng_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read an RNG state file with ``weights_only=True``, also accepting the reference Trainer's files.
+
+    The reference pickles numpy's state as an ``ndarray``; building one needs exactly three numpy globals
+    (``ndarray``, ``dtype``, ``_reconstruct``), allowed here for this file only. Nothing else is, so a crafted
+    file still cannot name a function to call.
+    """
+    allowed: list[Any] = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    allowed.append(_reconstruct)
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     python_state = state["python"]
     # weights_only loading returns the inner tuple as a list; random.setstate needs tuples.
     random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
     name, keys, pos, has_gauss, cached = state["numpy"]
-    if isinstance(keys, torch.Tensor):  # written by the reference Trainer
+    if isinstance(keys, torch.Tensor):
         keys = keys.numpy()
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
     torch.set_rng_state(state["cpu"])

@@ -6,10 +6,16 @@ A checkpoint of step N holds, in ``checkpoint-N/``:
 * ``training_args.json`` (JSON, never a pickle);
 * unless ``save_only_model``: ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt`` (fp16 with a scaler) and the RNG
   states of every process (``rng_state.pth`` or ``rng_state_{rank}.pth``);
+* unless ``save_only_model``, for an ``IterableDataset`` with ``state_dict``/``load_state_dict`` read in the main
+  process (``dataloader_num_workers=0``): its position, ``data_state.pth`` / ``data_state_{rank}.pth``;
 * ``trainer_state.json`` (with the callback states), written last.
 
 The data position needs no file of its own for sized data: the sampler's order is a function of (seed,
 epoch), and ``global_step`` says how many windows of the current epoch were consumed.
+
+Restored on resume: model weights (before the model is prepared), ``TrainerState``, callback states (with
+``restore_callback_states_from_checkpoint``), optimizer + scheduler + scaler (after preparation), the data
+position, and the RNG states (at the start of the resumed epoch, after its iterator exists).
 
 The folder is written under a temporary name and renamed into place after every process has written its
 part (``trainwell.checkpoint.io.AtomicDirectory``), so a crash never leaves a ``checkpoint-N`` that resume
@@ -29,10 +35,13 @@ from trainwell.checkpoint.layout import (
     SCHEDULER_NAME,
     TRAINER_STATE_NAME,
     checkpoint_path,
+    data_state_file_name,
     rng_file_name,
     rotate_checkpoints,
 )
-from trainwell.checkpoint.rng import get_rng_state, set_rng_state
+from trainwell.checkpoint.optimizer_state import align_optimizer_state, align_scheduler_state
+from trainwell.checkpoint.rng import get_rng_state, load_rng_file, set_rng_state
+from trainwell.utils import model as model_utils
 
 if TYPE_CHECKING:
     from trainwell.trainer import Trainer
@@ -67,6 +76,7 @@ def save_checkpoint(trainer: Trainer, run_dir: str) -> Path:
 
 
 def _save_training_state(trainer: Trainer, directory: Path) -> None:
+    """Optimizer, scheduler and scaler (writer processes); RNG and data position (every process)."""
     runtime = trainer.runtime
     if trainer.args.should_save:
         torch_save(trainer.optimizer.state_dict(), directory / OPTIMIZER_NAME)
@@ -75,6 +85,39 @@ def _save_training_state(trainer: Trainer, directory: Path) -> None:
             torch_save(runtime.scaler.state_dict(), directory / SCALER_NAME)
     rng_file = directory / rng_file_name(runtime.process_index, runtime.num_processes)
     torch_save(get_rng_state(), rng_file)
+    dataset = stateful_dataset(trainer)
+    if dataset is not None:
+        torch_save(dataset.state_dict(), directory / data_state_file_name(runtime.process_index, runtime.num_processes))
+
+
+def stateful_dataset(trainer: Trainer) -> Any:
+    """The training ``IterableDataset`` when it can save and restore its own position, else ``None``.
+
+    Only when it is read in the main process (``dataloader_num_workers=0``): with workers, each worker
+    iterates its own copy and the main process's object never moves, so its state would be meaningless.
+    """
+    from torch.utils.data import IterableDataset
+
+    dataset = getattr(trainer, "train_dataset", None)
+    if not isinstance(dataset, IterableDataset) or trainer.args.dataloader_num_workers > 0:
+        return None
+    if callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None)):
+        return dataset
+    return None
+
+
+def restore_data_state(trainer: Trainer, checkpoint: str) -> bool:
+    """Load the dataset position saved in ``checkpoint``; False when there is none to load (replay instead)."""
+    dataset = stateful_dataset(trainer)
+    if dataset is None:
+        return False
+    runtime = trainer.runtime
+    path = Path(checkpoint) / data_state_file_name(runtime.process_index, runtime.num_processes)
+    if not path.is_file():
+        logger.warning("%s has no %s: the iterable dataset is replayed to skip the consumed batches.", checkpoint, path.name)
+        return False
+    dataset.load_state_dict(safe_torch_load(path))
+    return True
 
 
 def _update_best_checkpoint(trainer: Trainer, run_dir: str) -> None:
@@ -100,9 +143,15 @@ def load_optimizer_and_scheduler(trainer: Trainer, checkpoint: str) -> None:
         )
         return
     device = trainer.runtime.device
-    trainer.optimizer.load_state_dict(safe_torch_load(optimizer_file, map_location=device))
+    saved = safe_torch_load(optimizer_file, map_location=device)
+    inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    aligned, group_map = align_optimizer_state(saved, inner, model_utils.unwrap(trainer.model))
+    trainer.optimizer.load_state_dict(aligned)
     if scheduler_file.is_file():
-        trainer.lr_scheduler.load_state_dict(safe_torch_load(scheduler_file))
+        scheduler_state = safe_torch_load(scheduler_file)
+        if isinstance(scheduler_state, dict):
+            scheduler_state = align_scheduler_state(scheduler_state, group_map, len(saved["param_groups"]))
+        trainer.lr_scheduler.load_state_dict(scheduler_state)
     scaler_file = path / SCALER_NAME
     if trainer.runtime.scaler is not None and scaler_file.is_file():
         trainer.runtime.scaler.load_state_dict(safe_torch_load(scaler_file))
@@ -120,5 +169,33 @@ def restore_rng(trainer: Trainer, checkpoint: str) -> None:
             runtime.process_index,
         )
         return
-    state: Any = safe_torch_load(path)
-    set_rng_state(state)
+    set_rng_state(load_rng_file(path))
+
+
+def restore_callback_states(trainer: Trainer) -> None:
+    """Rebuild the stateful callbacks (and ``TrainerControl``) from ``state.stateful_callbacks``.
+
+    Each attached callback whose class name was stored is replaced, in place, by ``type(cb).from_state(...)``
+    (several instances of a class are matched in order). Stored classes that are not attached are named in a
+    warning and ignored: the checkpoint never decides which code runs.
+    """
+    from trainwell.state import ExportableState, TrainerControl
+
+    stored = trainer.state.stateful_callbacks or {}
+    callbacks = trainer.callback_handler.callbacks
+    missing = []
+    for name, data in stored.items():
+        states = data if isinstance(data, list) else [data]
+        if name == type(trainer.control).__name__:
+            trainer.control = TrainerControl.from_state(states[0])
+            continue
+        positions = [i for i, cb in enumerate(callbacks) if type(cb).__name__ == name and isinstance(cb, ExportableState)]
+        if not positions:
+            missing.append(name)
+        for position, callback_state in zip(positions, states):
+            callbacks[position] = type(callbacks[position]).from_state(callback_state)
+    if missing:
+        logger.warning(
+            "The checkpoint stores states of callbacks that are not attached to this Trainer, ignored: %s",
+            ", ".join(missing),
+        )
