@@ -1,8 +1,11 @@
 """Building data loaders: sampler, collator, unused-column removal and worker seeding.
 
-Owns turning a dataset plus ``TrainingArguments`` into a ``torch.utils.data.DataLoader``. Sharding across
+Owns turning a dataset plus ``TrainingArguments`` into a ``torch.utils.data.DataLoader``: the
+``dataloader_*`` options, the training order (``train_sampling_strategy``), the evaluation loader (dataset
+order; sharded without duplicates across processes by ``trainwell.data.sharding``) and the ``datasets``
+interop (checked by module name, so ``datasets`` stays optional). Sharding *training* data across
 processes and device placement are the runtime's job (``trainwell.backend``); the order of samples is the
-sampler's (``trainwell.data.samplers``); padding and stacking are the collators'.
+samplers'; padding and stacking are the collators'.
 """
 
 from __future__ import annotations
@@ -14,7 +17,13 @@ from typing import Any, Callable, Sequence
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
 
+from trainwell.data.length_grouped import LengthGroupedSampler, sample_lengths
 from trainwell.data.samplers import ResumableSampler
+from trainwell.data.sharding import (
+    EvalShardBatchSampler,
+    IterableEvalShard,
+    ShardCollator,
+)
 from trainwell.utils.seed import seed_worker
 
 logger = logging.getLogger(__name__)
@@ -32,8 +41,10 @@ def is_iterable(dataset: Any) -> bool:
 
 
 def is_hf_dataset(dataset: Any) -> bool:
-    """A ``datasets.Dataset`` (checked by module name: ``datasets`` stays an optional package)."""
-    return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "column_names")
+    """A ``datasets.Dataset`` or ``datasets.IterableDataset`` with known columns (checked by module name:
+    ``datasets`` stays an optional package). An iterable one without declared features has no column names.
+    """
+    return type(dataset).__module__.startswith("datasets.") and getattr(dataset, "column_names", None) is not None
 
 
 def signature_columns(forward_params: dict[str, inspect.Parameter], label_names: Sequence[str]) -> list[str]:
@@ -105,9 +116,18 @@ def build_dataloader(
     rank: int = 0,
 ) -> DataLoader:
     """A ``DataLoader`` with the ``dataloader_*`` options of ``args`` applied."""
+    kwargs: dict[str, Any] = {"batch_size": batch_size, "collate_fn": collate_fn, **_worker_kwargs(args, rank)}
+    if not isinstance(dataset, IterableDataset):
+        kwargs["sampler"] = sampler
+        kwargs["drop_last"] = args.dataloader_drop_last
+    elif args.dataloader_drop_last:
+        kwargs["drop_last"] = True
+    return DataLoader(dataset, **kwargs)
+
+
+def _worker_kwargs(args: Any, rank: int) -> dict[str, Any]:
+    """``DataLoader`` keywords for workers, pinning and prefetching; every worker seeded per rank."""
     kwargs: dict[str, Any] = {
-        "batch_size": batch_size,
-        "collate_fn": collate_fn,
         "num_workers": args.dataloader_num_workers,
         "pin_memory": args.dataloader_pin_memory,
         "persistent_workers": args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
@@ -120,21 +140,49 @@ def build_dataloader(
         if not args.dataloader_in_order:
             kwargs["in_order"] = False
         kwargs["worker_init_fn"] = functools.partial(seed_worker, rank=rank)
-    if not isinstance(dataset, IterableDataset):
-        kwargs["sampler"] = sampler
-        kwargs["drop_last"] = args.dataloader_drop_last
-    elif args.dataloader_drop_last:
-        kwargs["drop_last"] = True
-    return DataLoader(dataset, **kwargs)
+    return kwargs
 
 
-def train_sampler(dataset: Dataset, args: Any) -> ResumableSampler:
-    """The training order: seeded random (``data_seed`` or ``seed``), or sequential."""
+def train_sampler(dataset: Dataset, args: Any, batch_size: int = 1, input_name: str = "input_ids") -> ResumableSampler:
+    """The training order of ``train_sampling_strategy``, seeded by ``data_seed`` (or ``seed``) and the epoch.
+
+    ``group_by_length`` groups ``batch_size`` samples of similar length (lengths from the
+    ``length_column_name`` column, else from ``input_name``, computed here once).
+    """
     strategy = getattr(args.train_sampling_strategy, "value", args.train_sampling_strategy)
     seed = args.data_seed if args.data_seed is not None else args.seed
+    if strategy == "group_by_length":
+        lengths = sample_lengths(dataset, args.length_column_name, input_name)
+        return LengthGroupedSampler(lengths, batch_size, seed=seed)
+    if strategy not in ("random", "sequential"):
+        raise NotImplementedError(
+            f"train_sampling_strategy={strategy!r} is not supported by trainwell: use 'random', 'sequential' "
+            "or 'group_by_length'."
+        )
     return ResumableSampler(len(dataset), shuffle=strategy != "sequential", seed=seed)
 
 
 def eval_sampler(dataset: Dataset) -> SequentialSampler:
     """Evaluation is always in dataset order (whatever the training strategy)."""
     return SequentialSampler(dataset)
+
+
+def build_eval_dataloader(
+    dataset: Any, *, batch_size: int, collate_fn: Callable, args: Any, rank: int = 0, world: int = 1
+) -> DataLoader:
+    """The evaluation loader: dataset order; with several processes, sharded without duplicated samples.
+
+    A distributed iterable dataset is read in the main process of every rank (each rank must see the same
+    stream to know the other ranks' batch sizes), so ``dataloader_num_workers`` does not apply to it.
+    """
+    if world <= 1:
+        sampler = None if is_iterable(dataset) else eval_sampler(dataset)
+        return build_dataloader(dataset, batch_size=batch_size, collate_fn=collate_fn, args=args, sampler=sampler,
+                                train=False, rank=rank)
+    if is_iterable(dataset):
+        shard = IterableEvalShard(dataset, batch_size, rank, world, drop_last=args.dataloader_drop_last)
+        return DataLoader(shard, batch_size=None, collate_fn=ShardCollator(collate_fn),
+                          pin_memory=args.dataloader_pin_memory)
+    batches = EvalShardBatchSampler(len(dataset), batch_size, rank, world, drop_last=args.dataloader_drop_last)
+    kwargs = _worker_kwargs(args, rank)
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn, **kwargs)
