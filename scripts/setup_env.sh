@@ -15,8 +15,9 @@ pip_install() {
 python3 -m venv .venv
 pip_install --upgrade pip
 pip_install "torch==2.13.0"
+# The pin goes with the project install too, so no dependency's resolver can move torch off it.
 if [ -n "$extras" ]; then
-  pip_install -e ".[$extras]"
+  pip_install -e ".[$extras]" "torch==2.13.0"
 else
-  pip_install -e .
+  pip_install -e . "torch==2.13.0"
 fi

@@ -1,20 +1,75 @@
 """Experiment trackers, one module per tracker, behind a lazy registry keyed by ``report_to`` names.
 
-``reporting_callbacks(report_to)`` turns the normalized ``args.report_to`` list into callback instances.
-No tracker package is imported until a run asks for it.
+Owns the registry (``TRACKERS``: name -> module, class, required packages) and ``reporting_callbacks``,
+which the Trainer calls with the normalized ``args.report_to``. No tracker module or package is imported
+until a run names it, so ``import trainwell`` never pays for one. What each tracker does lives in its module;
+the behaviour they share (main process only, lazy start, failures reported once) in ``base``.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from dataclasses import dataclass
 from typing import Any
 
 
-def reporting_callbacks(report_to: list[str] | None) -> list[Any]:
-    """Callbacks for the trackers named in ``report_to`` (an empty list for none)."""
-    names = list(report_to or [])
-    if names:
-        raise NotImplementedError(
-            f"report_to={names!r}: experiment trackers are not wired up in trainwell yet. "
-            "Use report_to='none' for now."
+@dataclass(frozen=True)
+class Tracker:
+    """A registry entry: where the callback class lives and which importable packages it needs."""
+
+    module: str
+    cls: str
+    packages: tuple[str, ...] = ()  # any one of them suffices (tensorboard or tensorboardX)
+    pip: str = ""  # what to pip install when none is present
+
+    def installed(self) -> bool:
+        return not self.packages or any(_installed(p) for p in self.packages)
+
+
+TRACKERS: dict[str, Tracker] = {
+    "tensorboard": Tracker("trainwell.integrations.tensorboard", "TensorBoardCallback",
+                           ("tensorboard", "tensorboardX"), "tensorboard"),
+    "mlflow": Tracker("trainwell.integrations.mlflow", "MLflowCallback", ("mlflow",), "mlflow"),
+    "wandb": Tracker("trainwell.integrations.wandb", "WandbCallback", ("wandb",), "wandb"),
+    "trackio": Tracker("trainwell.integrations.trackio", "TrackioCallback", ("trackio",), "trackio"),
+    "jsonl": Tracker("trainwell.integrations.filelog", "JsonlLoggerCallback"),
+    "csv": Tracker("trainwell.integrations.filelog", "CsvLoggerCallback"),
+}
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a half-installed package, or a module with no __spec__
+        return False
+
+
+def tracker_class(name: str) -> type:
+    """The callback class for ``name``; ``ValueError`` for an unknown name, ``ImportError`` naming what to
+    ``pip install`` when the tracker's package is missing."""
+    entry = TRACKERS.get(name)
+    if entry is None:
+        from trainwell.args.normalize import did_you_mean
+
+        raise ValueError(
+            f"report_to: {name!r} is not a tracker trainwell knows. Use any of "
+            f"{', '.join(map(repr, TRACKERS))}, 'all' (the installed ones) or 'none'." + did_you_mean(name, TRACKERS)
         )
-    return []
+    if not entry.installed():
+        raise ImportError(
+            f"report_to={name!r} needs the {entry.pip!r} package, which is not installed: "
+            f"pip install {entry.pip}  (or pip install 'trainwell[trackers]' for all of them)."
+        )
+    return getattr(importlib.import_module(entry.module), entry.cls)
+
+
+def reporting_callbacks(report_to: list[str] | None) -> list[Any]:
+    """Callback instances for the trackers named in ``report_to`` (an empty list for none), checked all at
+    once so a missing package is reported before any work starts."""
+    return [tracker_class(name)() for name in dict.fromkeys(report_to or [])]
+
+
+def get_reporting_integration_callbacks(report_to: list[str] | None) -> list[type]:
+    """The reference's function of that name: the callback *classes* for ``report_to``."""
+    return [tracker_class(name) for name in dict.fromkeys(report_to or [])]

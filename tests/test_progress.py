@@ -1,0 +1,128 @@
+"""Progress display beyond the basics in test_callbacks_unit: periodic plain lines, throughput, log levels,
+and which process prints."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+
+from tests.common.models import RegressionDataset, RegressionModel
+from tests.conftest import make_args
+from trainwell import Trainer
+from trainwell.events.progress import PrinterCallback, ProgressCallback, apply_log_level
+from trainwell.state import TrainerControl, TrainerState
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _ticking(progress, run_clock, wall_clock):
+    progress._clock = lambda: run_clock[0]
+    progress._wall = lambda: wall_clock[0]
+
+
+def test_plain_lines_appear_periodically_when_logs_are_rare(capsys):
+    progress = ProgressCallback(stream=io.StringIO(), plain_interval=30)
+    run, wall = [0.0], [0.0]
+    _ticking(progress, run, wall)
+    args, state, control = make_args("o"), TrainerState(max_steps=100), TrainerControl()
+    progress.on_train_begin(args, state, control)
+    for step in range(1, 11):  # 10 s per step: a line every 3 steps (30 s)
+        run[0] = wall[0] = 10.0 * step
+        state.global_step = step
+        progress.on_step_end(args, state, control)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["[3/100 3% | eta 0:16:10] 10 s/step", "[6/100 6% | eta 0:15:40] 10 s/step",
+                     "[9/100 9% | eta 0:15:10] 10 s/step"]
+
+
+def test_a_log_line_resets_the_period_and_shows_the_rate(capsys):
+    progress = ProgressCallback(stream=io.StringIO(), plain_interval=30)
+    run, wall = [0.0], [0.0]
+    _ticking(progress, run, wall)
+    args, state, control = make_args("o"), TrainerState(max_steps=40), TrainerControl()
+    progress.on_train_begin(args, state, control)
+    run[0] = wall[0] = 25.0
+    state.global_step = 10
+    progress.on_log(args, state, control, logs={"loss": 1.5})
+    run[0] = wall[0] = 40.0
+    progress.on_step_end(args, state, control)  # 15 s after the log line: no progress line yet
+    progress.on_log(args, state, control, logs={"loss": 1.0, "train_tokens_per_second": 99.0})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "[10/40 25% | eta 0:01:15] {'loss': '1.5'} (2.5 s/step)"
+    assert out[1].endswith("'train_tokens_per_second': '99'}") and len(out) == 2  # throughput already shown
+
+
+def test_plain_interval_zero_turns_periodic_lines_off(capsys):
+    progress = ProgressCallback(stream=io.StringIO(), plain_interval=0)
+    args, state, control = make_args("o"), TrainerState(max_steps=3), TrainerControl()
+    progress.on_train_begin(args, state, control)
+    state.global_step = 1
+    progress.on_step_end(args, state, control)
+    assert capsys.readouterr().out == ""
+
+
+def test_bar_shows_loss_lr_and_token_throughput():
+    progress = ProgressCallback(stream=FakeTerminal())
+    args, state, control = make_args("o"), TrainerState(max_steps=10), TrainerControl()
+    progress.on_train_begin(args, state, control)
+    state.global_step = 2
+    progress.on_step_end(args, state, control)
+    progress.on_log(args, state, control, logs={"loss": 0.5, "learning_rate": 3e-4, "train_tokens_per_second": 1234.5})
+    postfix = progress.training_bar.postfix
+    assert "loss=0.5" in postfix and "lr=0.0003" in postfix and "tok/s=1234" in postfix
+    assert "<" in str(progress.training_bar)  # tqdm's elapsed<remaining: the ETA
+    progress.on_train_end(args, state, control)
+
+
+def test_only_the_world_main_process_prints(capsys):
+    args, control = make_args("o"), TrainerControl()
+    replica = TrainerState(max_steps=4, is_world_process_zero=False, is_local_process_zero=True)
+    PrinterCallback().on_log(args, replica, control, logs={"loss": 1.0})
+    progress = ProgressCallback(stream=io.StringIO(), plain_interval=1e-9)
+    progress.on_train_begin(args, replica, control)
+    replica.global_step = 1
+    progress.on_step_end(args, replica, control)
+    progress.on_log(args, replica, control, logs={"loss": 1.0})
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("level, replica, expected", [("info", "warning", logging.INFO),
+                                                      ("error", "debug", logging.ERROR)])
+def test_log_level_applies_to_the_trainwell_logger(level, replica, expected, monkeypatch):
+    logger = logging.getLogger("trainwell")
+    monkeypatch.setattr(logger, "level", logger.level)  # restored after the test
+    apply_log_level(make_args("o", log_level=level, log_level_replica=replica))
+    assert logger.level == expected
+
+
+def test_log_level_replica_applies_off_the_main_process(monkeypatch):
+    logger = logging.getLogger("trainwell")
+    monkeypatch.setattr(logger, "level", logger.level)
+    args = make_args("o", log_level="info", log_level_replica="error")
+    monkeypatch.setattr(type(args), "should_log", property(lambda self: False))
+    apply_log_level(args)
+    assert logger.level == logging.ERROR
+
+
+def test_passive_leaves_the_level_alone(monkeypatch):
+    logger = logging.getLogger("trainwell")
+    monkeypatch.setattr(logger, "level", logging.CRITICAL)
+    apply_log_level(make_args("o"))
+    assert logger.level == logging.CRITICAL
+
+
+def test_trainer_applies_log_level_and_disable_tqdm(out_dir, monkeypatch, capsys):
+    logger = logging.getLogger("trainwell")
+    monkeypatch.setattr(logger, "level", logger.level)
+    args = make_args(out_dir, max_steps=2, logging_steps=1, log_level="error", disable_tqdm=True)
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=16))
+    assert logger.level == logging.ERROR
+    names = [type(cb).__name__ for cb in trainer.callback_handler.callbacks]
+    assert "PrinterCallback" in names and "ProgressCallback" not in names
+    trainer.train()
+    assert "'loss'" in capsys.readouterr().out

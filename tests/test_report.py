@@ -1,0 +1,113 @@
+"""Run reports: from a trainwell run and from a reference-written trainer_state.json, plots, page, comparison."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from tests.common.models import RegressionDataset, RegressionModel
+from tests.conftest import make_args
+from trainwell import Trainer
+from trainwell.report import load_run, summary, write_comparison, write_report
+from trainwell.report.history import find_state_file, series_from_log_history
+from trainwell.report.plots import plot_groups
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "reference_trainer_state.json")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def trainwell_run(tmp_path_factory):
+    """A finished trainwell run with evaluations, checkpoints and a saved state."""
+    out = str(tmp_path_factory.mktemp("run") / "out")
+    args = make_args(out, max_steps=12, logging_steps=2, eval_strategy="steps", eval_steps=4, save_strategy="steps",
+                     save_steps=4, load_best_model_at_end=True, metric_for_best_model="loss",
+                     per_device_train_batch_size=8, learning_rate=0.1, include_num_input_tokens_seen="all")
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=64),
+                      eval_dataset=RegressionDataset(length=16, seed=1))
+    trainer.train()
+    trainer.save_state()
+    return out
+
+
+def test_series_split_curves_from_end_of_training_values():
+    series, final = series_from_log_history([
+        {"loss": 2.0, "learning_rate": 0.1, "epoch": 0.5, "step": 2},
+        {"eval_loss": 1.5, "eval_runtime": 0.1, "epoch": 0.5, "step": 2},
+        {"train_runtime": 3.0, "train_loss": 1.8, "total_flos": 0.0, "step": 4, "note": "text", "flag": True},
+    ])
+    assert series == {"loss": [(2, 2.0)], "learning_rate": [(2, 0.1)], "eval_loss": [(2, 1.5)],
+                      "eval_runtime": [(2, 0.1)]}
+    assert final == {"train_runtime": 3.0, "train_loss": 1.8, "total_flos": 0.0}
+    assert list(plot_groups(series)) == ["loss", "learning_rate"]
+
+
+def test_report_of_a_trainwell_run(trainwell_run):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install 'trainwell[report]')")
+    report = write_report(trainwell_run)
+    assert str(report.out_dir) == os.path.join(trainwell_run, "report")
+    names = sorted(p.name for p in report.images)
+    assert names == ["grad_norm.png", "learning_rate.png", "loss.png", "throughput.png"]
+    for image in report.images:
+        assert image.read_bytes()[:8] == PNG_MAGIC and image.stat().st_size > 5000
+    page = report.html.read_text()
+    assert page.count("data:image/png;base64,") == 4 and "src=\"http" not in page and "<script" not in page
+    assert "validation loss" in report.text and "best checkpoint" in report.text and "runtime" in report.text
+    assert (report.out_dir / "summary.txt").read_text().strip() == report.text
+
+
+def test_report_of_a_reference_trainer_state(tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install 'trainwell[report]')")
+    run_dir = tmp_path / "reference-run"
+    run_dir.mkdir()
+    shutil.copy(FIXTURE, run_dir / "trainer_state.json")
+    report = write_report(run_dir)
+    assert sorted(p.name for p in report.images) == ["grad_norm.png", "learning_rate.png", "loss.png",
+                                                    "throughput.png"]
+    rows = summary(load_run(run_dir))
+    state = json.loads(open(FIXTURE).read())
+    assert rows["steps"] == f"{state['global_step']} / {state['max_steps']}"
+    assert rows["best checkpoint"] == state["best_model_checkpoint"]
+    assert rows["validation loss"].startswith(f"{state['log_history'][2]['eval_loss']:.4g}")
+
+
+def test_a_running_run_is_read_from_its_newest_checkpoint(trainwell_run, tmp_path):
+    running = tmp_path / "running"
+    for name in ("checkpoint-4", "checkpoint-8"):
+        shutil.copytree(os.path.join(trainwell_run, name), running / name)
+    assert find_state_file(running) == running / "checkpoint-8" / "trainer_state.json"
+    run = load_run(running)
+    assert run.name == "running" and run.run_dir == str(running) and run.state["global_step"] == 8
+    with pytest.raises(FileNotFoundError, match="no trainer_state.json"):
+        find_state_file(tmp_path / "empty")
+
+
+def test_comparison_of_several_runs(trainwell_run, tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install 'trainwell[report]')")
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    shutil.copy(FIXTURE, reference / "trainer_state.json")
+    report = write_comparison([trainwell_run, reference], tmp_path / "cmp")
+    assert [p.name for p in report.images] == ["comparison.png"]
+    assert report.images[0].read_bytes()[:8] == PNG_MAGIC
+    assert "out" in report.text and "reference" in report.text
+
+
+def test_without_matplotlib_the_page_and_summary_are_still_written(trainwell_run, tmp_path, monkeypatch):
+    monkeypatch.setattr("trainwell.report.matplotlib_available", lambda: False)
+    report = write_report(trainwell_run, out_dir=tmp_path / "plain")
+    assert report.images == [] and "pip install 'trainwell[report]'" in report.note
+    assert "pip install" in report.html.read_text() and (tmp_path / "plain" / "summary.txt").exists()
+
+
+def test_not_a_trainer_state_is_a_clear_error(tmp_path):
+    bad = tmp_path / "trainer_state.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(ValueError, match="no log_history"):
+        load_run(tmp_path)
+    bad.write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_run(bad)

@@ -1,0 +1,64 @@
+"""The ``trainwell`` command: ``demo``, ``train``, ``report`` and ``env`` subcommands.
+
+Owns the argument parsing of the command line and how errors reach the user (one line naming the problem;
+``TRAINWELL_DEBUG=1`` shows the traceback). Each subcommand lives in its own module, imported only when it
+runs, so ``trainwell --help`` and ``trainwell env`` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+# subcommand -> (module, one-line help). Each module has add_arguments(parser) and run(namespace) -> int.
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("trainwell.cli.demo", "train a small byte-level transformer on Python's own sources (no downloads)"),
+    "train": ("trainwell.cli.train", "train from a YAML/JSON config: trainwell train CONFIG.yaml [--key value ...]"),
+    "report": ("trainwell.cli.report", "plots and a summary of one run, or a comparison of several"),
+    "env": ("trainwell.cli.env", "versions and devices, for bug reports"),
+}
+
+
+class CliError(Exception):
+    """A problem with what the user asked for: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from trainwell import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="trainwell", description="trainwell: the Hugging Face Trainer API on torch + accelerate.",
+    )
+    parser.add_argument("--version", action="version", version=f"trainwell {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in _COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    parser = build_parser()
+    namespace = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if namespace.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(importlib.import_module(namespace._module).run(namespace) or 0)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except (CliError, ValueError, FileNotFoundError, ImportError, NotImplementedError) as err:
+        if os.environ.get("TRAINWELL_DEBUG"):
+            raise
+        print(f"trainwell {namespace.command}: error: {err}", file=sys.stderr)
+        print("(set TRAINWELL_DEBUG=1 to see the traceback)", file=sys.stderr)
+        return 2
+
+
+__all__ = ["CliError", "build_parser", "main"]

@@ -1,0 +1,183 @@
+"""Config files for ``trainwell train``: reading, command-line overrides, and checking every key.
+
+A config is one YAML or JSON mapping. Its keys are ``TrainingArguments`` fields (any of them) plus the
+sections in ``SECTIONS`` (model, data, ...). Overrides ``--key value`` from the command line win over the
+file; ``--a.b.c value`` sets a nested key. Every error names the key and what is allowed (with a
+did-you-mean). Building models and datasets from a checked config belongs to ``trainwell.cli.build``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from trainwell.args.normalize import choice_error, did_you_mean
+from trainwell.cli import CliError
+
+# Config keys that are not TrainingArguments fields, with what they hold.
+SECTIONS: dict[str, str] = {
+    "model": "'package.module:factory' or {factory: ..., kwargs: {...}} returning a torch.nn.Module",
+    "data": "{train: FILE, eval: FILE} (JSONL, CSV or plain text) or 'package.module:factory'",
+    "data_collator": "'package.module:collator' or {factory: ..., kwargs: {...}}",
+    "compute_metrics": "'package.module:function' taking an EvalPrediction",
+    "resume_from_checkpoint": "a checkpoint path, true (newest complete one; an error if none) or 'auto' "
+                              "(newest if any)",
+    "report": "true (default) writes OUTPUT_DIR/report/ at the end; false skips it",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _args_parser() -> Any:
+    from trainwell.args.parser import TrainwellArgumentParser
+    from trainwell.training_args import TrainingArguments
+
+    return TrainwellArgumentParser(TrainingArguments, add_help=False)
+
+
+def training_fields() -> set[str]:
+    from trainwell.training_args import TrainingArguments
+
+    return {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """The mapping in a ``.yaml``/``.yml``/``.json`` file; errors say what is wrong with the file."""
+    file = Path(path)
+    if not file.is_file():
+        raise CliError(f"config file {path!r} does not exist.")
+    text = file.read_text(encoding="utf-8")
+    try:
+        if file.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as err:  # noqa: BLE001 - yaml and json raise different classes; the message is what counts
+        raise CliError(f"{path}: cannot be parsed ({err}).") from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise CliError(f"{path}: the config must be a mapping of keys to values, got {type(data).__name__}.")
+    return data
+
+
+def split_overrides(tokens: list[str]) -> list[tuple[str, list[str]]]:
+    """``["--a", "1", "--b=x", "--flag", "--c", "p", "q"]`` -> ``[("a", ["1"]), ("b", ["x"]), ("flag", []),
+    ("c", ["p", "q"])]``. Dashes in names become underscores (``--learning-rate`` = ``--learning_rate``)."""
+    out: list[tuple[str, list[str]]] = []
+    for token in tokens:
+        if token.startswith("--") and len(token) > 2:
+            name, eq, value = token[2:].partition("=")
+            out.append((name.replace("-", "_"), [value] if eq else []))
+        elif out:
+            out[-1][1].append(token)
+        else:
+            raise CliError(f"unexpected argument {token!r}: overrides look like --key value.")
+    return out
+
+
+def _typed_field_value(name: str, values: list[str]) -> Any:
+    """Convert command-line strings for the TrainingArguments field ``name`` as its parser option would."""
+    action = _args_parser()._option_string_actions[f"--{name}"]
+    convert = action.type or str
+    try:
+        if action.nargs in ("+", "*"):
+            if not values:
+                raise CliError(f"--{name} needs at least one value.")
+            converted = [convert(v) for v in values]
+            # A `str | list[str]` field keeps one value as a str, as the parser's own option does.
+            one_or_many = type(action).__name__ == "_OneOrMany"
+            return converted[0] if one_or_many and len(converted) == 1 else converted
+        if action.nargs == "?" and not values:
+            return action.const
+        if len(values) != 1:
+            raise CliError(f"--{name} takes one value, got {len(values)}: {values}.")
+        value = convert(values[0])
+    except (argparse.ArgumentTypeError, ValueError, TypeError) as err:
+        if isinstance(err, CliError):
+            raise
+        expected = {int: "an integer", float: "a number"}.get(convert)
+        reason = f"expected {expected}" if expected else str(err)
+        raise CliError(f"--{name} {' '.join(values)}: {reason}.") from None
+    if action.choices is not None and value not in action.choices:
+        raise choice_error(name, value, action.choices)
+    return value
+
+
+def _yaml_value(values: list[str]) -> Any:
+    import yaml
+
+    parsed = [yaml.safe_load(v) for v in values]
+    if not parsed:
+        return True
+    return parsed[0] if len(parsed) == 1 else parsed
+
+
+def _set_nested(config: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = config
+    for key in keys[:-1]:
+        child = node.get(key)
+        if isinstance(child, str):  # `model: pkg:fn` overridden by `--model.kwargs.x 1`
+            child = {"factory": child}
+        if not isinstance(child, dict):
+            child = {}
+        node[key] = child
+        node = child
+    node[keys[-1]] = value
+
+
+def apply_overrides(config: dict[str, Any], tokens: list[str]) -> dict[str, Any]:
+    """A copy of ``config`` with the command-line overrides applied (they win); keys are checked."""
+    merged = json.loads(json.dumps(config, default=str)) if config else {}
+    fields = training_fields()
+    for name, values in split_overrides(tokens):
+        top = name.split(".")[0]
+        check_key(top, fields, where="--")
+        if name in fields:
+            merged[name] = _typed_field_value(name, values)
+        else:
+            _set_nested(merged, name, _yaml_value(values))
+    return merged
+
+
+def check_key(key: str, fields: set[str] | None = None, where: str = "") -> None:
+    """``CliError`` unless ``key`` is a TrainingArguments field or a config section (with a did-you-mean)."""
+    fields = training_fields() if fields is None else fields
+    if key in fields or key in SECTIONS:
+        return
+    from trainwell.args.normalize import ALIASES_BY_NAME
+
+    if key in ALIASES_BY_NAME:  # a 4.x name: TrainingArguments maps it, with its own FutureWarning
+        return
+    raise CliError(
+        f"unknown config key '{where}{key}': use a TrainingArguments field (see `python -c \"import trainwell; "
+        f"help(trainwell.TrainingArguments)\"`) or one of the sections {', '.join(map(repr, SECTIONS))}."
+        + did_you_mean(key, sorted(fields | set(SECTIONS)))
+    )
+
+
+def _check_bool_fields(values: dict[str, Any]) -> None:
+    from typing import get_type_hints
+
+    from trainwell.training_args import TrainingArguments
+
+    hints = get_type_hints(TrainingArguments)
+    for key, value in values.items():
+        if hints.get(key) in (bool, bool | None) and value is not None and not isinstance(value, bool):
+            raise CliError(f"{key}={value!r}: pass true or false.")
+
+
+def split_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(sections, training)``: the config's own sections, and the TrainingArguments keyword arguments."""
+    fields = training_fields()
+    for key in config:
+        check_key(key, fields)
+    sections = {k: v for k, v in config.items() if k in SECTIONS}
+    training = {k: v for k, v in config.items() if k not in SECTIONS}
+    _check_bool_fields(training)
+    return sections, training

@@ -1,0 +1,159 @@
+"""``trainwell demo``: the main job. Trains a small byte-level transformer on the standard library's sources.
+
+Nothing is downloaded: the model is ``trainwell.examples.bytelm`` and the text is this Python's own ``.py``
+files (``trainwell.examples.bytedata``), split into train and validation by file. The run shows a progress
+bar, evaluates validation loss and perplexity, saves checkpoints, prints a generated sample, writes a run
+report, and says where everything is. Run it again with the same ``--output-dir`` and it resumes from the
+newest complete checkpoint (Ctrl-C, then the same command, shows exact resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from typing import Any
+
+from trainwell.cli import CliError
+
+# ~2 minutes on a 2-core CPU for the "small" model (measured; see the README's main-job section).
+DEFAULT_STEPS = 600
+_PROMPT = b"def "
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help="optimizer steps to train (the total, counting steps done before a resume)")
+    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium"), help="model size")
+    parser.add_argument("--output-dir", default="trainwell-demo",
+                        help="where checkpoints, the model, logs and the report go; reusing it resumes")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"),
+                        help="auto: a GPU when one is present, else the CPU")
+    parser.add_argument("--batch-size", type=int, default=16, help="blocks per step")
+    parser.add_argument("--learning-rate", type=float, default=2e-3, help="peak learning rate (cosine schedule)")
+    parser.add_argument("--evals", type=int, default=5, help="how many validation evaluations during training")
+    parser.add_argument("--report-to", nargs="+", default=["none"], metavar="TRACKER",
+                        help="experiment trackers (tensorboard, mlflow, wandb, trackio, jsonl, csv, all)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--no-report", action="store_true", help="skip writing the run report")
+    parser.add_argument("--sample-bytes", type=int, default=240, help="length of the generated sample")
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CliError("--device cuda: no CUDA device is visible to torch. Use --device auto or cpu.")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise CliError("--device mps: the MPS backend is not available. Use --device auto or cpu.")
+
+
+def training_arguments(ns: argparse.Namespace, resuming: bool) -> Any:
+    """The demo's ``TrainingArguments``: cosine schedule with warmup, evaluation and checkpoints at each of
+    ``ns.evals`` evenly spaced steps, token counting for the throughput shown on the bar."""
+    from trainwell import TrainingArguments
+
+    if ns.steps < 1:
+        raise CliError(f"--steps {ns.steps}: pass a positive number of steps.")
+    every = max(1, ns.steps // max(1, ns.evals))
+    return TrainingArguments(
+        output_dir=ns.output_dir, max_steps=ns.steps, per_device_train_batch_size=ns.batch_size,
+        per_device_eval_batch_size=64, learning_rate=ns.learning_rate, lr_scheduler_type="cosine",
+        warmup_steps=max(1, ns.steps // 20), weight_decay=0.1, adam_beta2=0.99, max_grad_norm=1.0,
+        logging_steps=max(1, min(10, ns.steps // 20)), eval_strategy="steps", eval_steps=every,
+        eval_on_start=not resuming, save_strategy="steps", save_steps=every, save_total_limit=2,
+        include_num_input_tokens_seen="all", report_to=ns.report_to, seed=ns.seed, data_seed=ns.seed,
+        use_cpu=ns.device == "cpu", disable_tqdm=False, dataloader_num_workers=0,
+        dataloader_pin_memory=ns.device in ("auto", "cuda") and _gpu_present(),
+    )
+
+
+def _make_trainer_class() -> type:
+    from trainwell import Trainer
+
+    class DemoTrainer(Trainer):
+        """Adds validation perplexity (exp of the mean loss) to every evaluation log."""
+
+        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+            if "eval_loss" in logs:
+                logs = {**logs, "eval_perplexity": _perplexity(logs["eval_loss"])}
+            super().log(logs, start_time)
+
+    return DemoTrainer
+
+
+def _perplexity(loss: float) -> float:
+    return math.exp(min(loss, 50.0))  # capped: a diverged run prints a huge number, not an OverflowError
+
+
+def _eval_losses(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    return [(int(e["step"]), float(e["eval_loss"])) for e in log_history if "eval_loss" in e]
+
+
+def run(ns: argparse.Namespace) -> int:
+    _check_device(ns.device)
+    from trainwell.checkpoint.layout import get_last_checkpoint
+    from trainwell.examples.bytedata import ByteBlocks, stdlib_corpus
+    from trainwell.examples.bytelm import build_model
+
+    started = time.monotonic()
+    resume = get_last_checkpoint(ns.output_dir) if os.path.isdir(ns.output_dir) else None
+    model = build_model(ns.size)
+    block = model.config.block_size
+    corpus = stdlib_corpus(max_train_bytes=4_000_000, max_validation_bytes=400_000)
+    train = ByteBlocks(corpus.train, block)
+    validation = ByteBlocks(corpus.validation, block, max_blocks=128 if ns.size != "tiny" else 32)
+    print(f"trainwell demo: a {ns.size} byte-level transformer ({model.num_parameters() / 1e6:.2f}M parameters, "
+          f"context {block} bytes)")
+    print(f"data: Python's standard library sources in {corpus.root}: {corpus.train_files} files for training "
+          f"({len(corpus.train) / 1e6:.1f} MB), {corpus.validation_files} other files for validation")
+    if resume:
+        print(f"resuming from {resume} (another --output-dir starts afresh)")
+    trainer = _make_trainer_class()(model=model, args=training_arguments(ns, bool(resume)), train_dataset=train,
+                                    eval_dataset=validation)
+    print(f"device: {trainer.args.device}; training to step {ns.steps} in {ns.output_dir}\n")
+    try:
+        result = trainer.train(resume_from_checkpoint=True if resume else None)
+    except KeyboardInterrupt:
+        last = get_last_checkpoint(ns.output_dir)
+        where = f"from {last}" if last else "from the start (no checkpoint was complete yet)"
+        print(f"\ninterrupted at step {trainer.state.global_step}. Run the same command again to resume {where}.")
+        return 130
+    trainer.save_model()
+    trainer.save_state()
+    _finish(ns, trainer, result, started)
+    return 0
+
+
+def _finish(ns: argparse.Namespace, trainer: Any, result: Any, started: float) -> None:
+    evals = _eval_losses(trainer.state.log_history)
+    if not evals or evals[-1][0] != trainer.state.global_step:
+        metrics = trainer.evaluate()
+        evals.append((trainer.state.global_step, metrics["eval_loss"]))
+    (s0, first), (s1, last) = evals[0], evals[-1]
+    sample = trainer.model.generate(_PROMPT, max_new_bytes=ns.sample_bytes, seed=ns.seed)
+    print("\n--- generated sample (prompt: 'def ') " + "-" * 40)
+    print((_PROMPT + sample).decode("utf-8", errors="replace"))
+    print("-" * 79)
+    print(f"validation loss: {first:.3f} at step {s0} (perplexity {_perplexity(first):.1f}) -> "
+          f"{last:.3f} at step {s1} (perplexity {_perplexity(last):.1f})")
+    print(f"training: {result.global_step} steps, {result.metrics.get('train_runtime', 0):.1f} s this session; "
+          f"wall time {time.monotonic() - started:.1f} s")
+    out = ns.output_dir
+    print("\nwhere everything is:")
+    print(f"  model weights    {os.path.join(out, 'model.safetensors')}")
+    print(f"  checkpoints      {out}/checkpoint-*  (run the same command again to resume)")
+    print(f"  trainer state    {os.path.join(out, 'trainer_state.json')}")
+    if not ns.no_report:
+        from trainwell.report import write_report
+
+        report = write_report(out)
+        print(f"  run report       {report.html}" + (f"  ({report.note})" if report.note else ""))
+        print(f"  plots            {', '.join(str(p) for p in report.images) or 'none'}")
+
+
+def _gpu_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,88 @@
+"""``trainwell train CONFIG.yaml [--key value ...]``: a config-driven training run.
+
+Reads the config (``trainwell.cli.config``), builds the model and data (``trainwell.cli.build``), trains
+with any ``TrainingArguments`` the config sets, evaluates, saves the model and state, writes the run report,
+and prints where everything is. ``--print-config`` shows the merged config and exits without training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from trainwell.cli import CliError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="a .yaml/.yml/.json file: TrainingArguments fields plus model/data sections")
+    parser.add_argument("--print-config", action="store_true", help="print the merged config and exit")
+    parser.add_argument("overrides", nargs=argparse.REMAINDER, metavar="--key value",
+                        help="override any config key (TrainingArguments fields, or nested keys like "
+                             "--model.kwargs.size tiny); these win over the file")
+
+
+def prepare(config_path: str, overrides: list[str]) -> tuple[dict[str, Any], Any]:
+    """``(sections, TrainingArguments)`` from the file and overrides, every key and value checked."""
+    from trainwell.cli import config as cfg
+    from trainwell.training_args import TrainingArguments
+
+    merged = cfg.apply_overrides(cfg.read_config(config_path), overrides)
+    sections, training = cfg.split_config(merged)
+    training.setdefault("output_dir", "trainer_output")
+    try:
+        args = TrainingArguments(**training)
+    except TypeError as err:  # e.g. a mapping where a field wants a number
+        raise CliError(str(err)) from None
+    return sections, args
+
+
+def _resume_target(value: Any, output_dir: str) -> Any:
+    from trainwell.checkpoint.layout import get_last_checkpoint
+
+    if value in (None, False):
+        return None
+    if value == "auto":
+        return True if os.path.isdir(output_dir) and get_last_checkpoint(output_dir) else None
+    if value is True or isinstance(value, str):
+        return value
+    raise CliError(f"resume_from_checkpoint={value!r}: pass a checkpoint path, true, false or 'auto'.")
+
+
+def run(ns: argparse.Namespace) -> int:
+    # argparse's REMAINDER also swallows this command's own flag when it comes after the config path.
+    ns.print_config = ns.print_config or "--print-config" in ns.overrides
+    overrides = [t for t in ns.overrides if t not in ("--", "--print-config")]
+    sections, args = prepare(ns.config, overrides)
+    if ns.print_config:
+        print(json.dumps({**sections, **args.to_dict()}, indent=2, default=str))
+        return 0
+    from trainwell import Trainer
+    from trainwell.cli import build
+
+    model = build.build_model(sections.get("model"))
+    train_dataset, eval_dataset = build.build_data(sections.get("data"))
+    extra = {}
+    if sections.get("data_collator") is not None:
+        extra["data_collator"] = build.call_factory(sections["data_collator"], "data_collator", call_plain=False)
+    if sections.get("compute_metrics") is not None:
+        extra["compute_metrics"] = build.call_factory(sections["compute_metrics"], "compute_metrics",
+                                                      call_plain=False)
+    trainer = Trainer(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, **extra)
+    resume = _resume_target(sections.get("resume_from_checkpoint"), args.output_dir)
+    result = trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model()
+    trainer.save_state()
+    print(f"\ntrained {result.global_step} steps; train loss {result.training_loss:.4g}")
+    if eval_dataset is not None:
+        metrics = trainer.evaluate()
+        print("evaluation: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                         for k, v in metrics.items()))
+    print(f"model and trainer_state.json: {args.output_dir}")
+    if sections.get("report", True) and args.should_save:
+        from trainwell.report import write_report
+
+        report = write_report(args.output_dir)
+        print(f"run report: {report.html}" + (f" ({report.note})" if report.note else ""))
+    return 0
