@@ -56,3 +56,21 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path, model, ga):
     # predictions cover exactly the dataset, in order: the samples Accelerate duplicated to even out the
     # last batch (13 or 23 samples on 2 ranks) are dropped
     np.testing.assert_allclose(np.asarray(two["predictions"]), np.asarray(one["predictions"]), rtol=1e-5, atol=1e-6)
+
+
+def test_two_ranks_resume_a_stateful_iterable_where_they_stopped(tmp_path):
+    """Rank 0 reads one batch per rank ahead of the step (Accelerate dispatches an IterableDataset): the
+    checkpoint holds the position of the batches trained on, and the resumed run ends at the same weights."""
+    _cpu_only()
+    import torch
+
+    launch = _accelerate() + ["launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                              "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT, "--batch", "4",
+                              "--ga", "2", "--stateful-iterable"]
+    full = _run(launch, tmp_path, "full")
+    checkpoint = tmp_path / "full" / "checkpoint-5"
+    state = torch.load(next(checkpoint.glob("data_state*0.pth")), weights_only=True)
+    assert state == {"passes": 0, "position": 5 * 2 * 2 * 4}  # steps x GA x ranks x batch
+    resumed = _run(launch + ["--resume", str(checkpoint)], tmp_path, "resumed")
+    assert resumed["params"] == full["params"]
+    assert resumed["losses"] == full["losses"]  # the first 5 come from the checkpoint's log history

@@ -9,6 +9,7 @@ batches a resumed run already consumed. What a checkpoint holds is listed once, 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any
 
@@ -67,6 +68,10 @@ class CheckpointMixin:
                 self.state.best_model_checkpoint = None
             epochs_trained = self.state.global_step // upe
             windows_done = 0 if self.args.ignore_data_skip else self.state.global_step % upe
+            position = self._unsized_data_position()
+            if position is not None:
+                epochs_trained, windows = position
+                windows_done = 0 if self.args.ignore_data_skip else windows
             self._resume_epoch = epochs_trained
             if self.args.restore_callback_states_from_checkpoint:
                 ckpt_state.restore_callback_states(self)
@@ -76,6 +81,42 @@ class CheckpointMixin:
         self.state.init_training_references(self, max_steps, self._num_train_epochs(max_steps, upe), trial)
         return epochs_trained, windows_done
 
+    def _unsized_data_position(self) -> tuple[int, int] | None:
+        """(pass, windows consumed in it) of a resumed run over data without a length; None for sized data.
+
+        Without a length, ``updates_per_epoch`` is ``max_steps``, so ``global_step`` alone cannot say in which
+        pass over the data the checkpoint was written. ``state.epoch`` can: the loop sets it to
+        ``pass + batches_consumed_in_pass / (max_steps * gradient_accumulation_steps)``, with the ``max_steps`` of
+        the run that wrote it. A pass that ended with a short window rounds up, so the replay runs to the end of
+        that pass.
+        """
+        from trainwell.data.loaders import has_length
+
+        dataset = getattr(self, "train_dataset", None)
+        epoch = self.state.epoch
+        # the scale of the run that wrote the checkpoint (this run may train for longer)
+        max_steps = self.state.max_steps or self.args.max_steps
+        if dataset is None or has_length(dataset) or epoch is None or max_steps <= 0:
+            return None
+        ga = self.args.gradient_accumulation_steps
+        passes = int(math.floor(epoch))
+        consumed = int(round((epoch - passes) * max_steps * ga))
+        return passes, -(-consumed // ga)
+
+    def _replay_earlier_passes(self, dataloader: Any, epoch: int) -> None:
+        """Iterate the passes before ``epoch`` of an iterable dataset that has no ``set_epoch``.
+
+        Such a dataset's order may depend on how many times it was iterated (a stream, a generator, a shuffle
+        drawn per ``__iter__``), so resuming in a later pass reads the earlier ones again, as the uninterrupted
+        run did (cost: reading them). A dataset with ``set_epoch`` orders each pass by its epoch number: nothing
+        to replay.
+        """
+        if epoch <= 0 or hasattr(getattr(self, "train_dataset", None), "set_epoch"):
+            return
+        for _ in range(epoch):
+            for _ in dataloader:
+                pass
+
     def _epoch_iterator(self, dataloader: Any, epoch: int, skip_batches: int, resume: str | None) -> Any:
         """An iterator over ``epoch`` that starts after ``skip_batches`` micro-batches.
 
@@ -83,10 +124,15 @@ class CheckpointMixin:
         restore its own position (``state_dict``/``load_state_dict``, see ``trainwell.checkpoint``).
         """
         resuming_here = resume is not None and epoch == self._resume_epoch
+        restored = False
         if skip_batches and resuming_here and not self.args.ignore_data_skip:
-            if ckpt_state.restore_data_state(self, resume):
+            restored = ckpt_state.restore_data_state(self, resume)
+            if restored:
                 skip_batches = 0  # the dataset resumes at its saved position by itself
         sampler = getattr(self, "_train_sampler", None)
+        if resuming_here and sampler is None and not restored and not self.args.ignore_data_skip:
+            if self._unsized_data_position() is not None:
+                self._replay_earlier_passes(dataloader, epoch)
         if sampler is not None:
             sampler.set_epoch(epoch)
         generator = getattr(self, "_train_generator", None)
@@ -100,6 +146,9 @@ class CheckpointMixin:
             sampler.skip(skip_batches * self._train_batch_size * self.runtime.num_processes)
             return iter(dataloader)
         iterator = iter(dataloader)
+        position = getattr(self, "_data_position", None)
+        if position is not None:
+            iterator = position.track(iterator)
         for _ in range(skip_batches):  # iterable data: replay (documented cost)
             next(iterator, None)
         return iterator

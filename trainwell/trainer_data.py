@@ -15,7 +15,9 @@ from typing import Any, Callable
 
 import torch
 
+from trainwell.checkpoint.training_state import is_stateful
 from trainwell.data import loaders
+from trainwell.data.position import DataPosition
 from trainwell.utils import model as model_utils
 
 logger = logging.getLogger(__name__)
@@ -87,6 +89,9 @@ class DataMixin:
         dataset, collator = self._collator_for(self.train_dataset, "training")
         sampler = self._get_train_sampler(dataset)
         self._train_sampler = sampler
+        self._data_position = DataPosition(dataset) if is_stateful(dataset, self.args) else None
+        if self._data_position is not None:
+            collator = self._data_position.wrap_collate(collator)
         dataloader = loaders.build_dataloader(
             dataset, batch_size=self._train_batch_size, collate_fn=collator, args=self.args, sampler=sampler,
             train=True, rank=self.runtime.process_index,
@@ -96,7 +101,11 @@ class DataMixin:
         self._train_generator = torch.Generator()
         self._train_generator.manual_seed(self._data_seed())
         dataloader.generator = self._train_generator
-        return self.runtime.prepare_dataloader(dataloader)
+        prepared = self.runtime.prepare_dataloader(dataloader)
+        if self._data_position is not None and type(prepared).__name__ == "DataLoaderDispatcher":
+            # the main process reads one batch per process for each batch it hands out, unless it splits one
+            self._data_position.reads_per_batch = 1 if prepared.split_batches else self.runtime.num_processes
+        return prepared
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         """The evaluation loader (dataset order); ``eval_dataset`` may be a dataset or a key of a dict of them."""

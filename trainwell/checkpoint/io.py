@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,20 @@ logger = logging.getLogger(__name__)
 
 def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
     """``torch.load`` restricted to tensors and plain containers: a crafted pickle cannot run code."""
-    return torch.load(path, map_location=map_location, weights_only=True)
+    # A multi-process CPU run has device ``cpu:0``, which torch.load cannot map storages to: use plain "cpu".
+    if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
+        if torch.device(map_location).type == "cpu":
+            map_location = "cpu"
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise pickle.UnpicklingError(
+            f"Refusing to load {path}: it holds objects other than tensors and plain containers, and unpickling "
+            "them could run code from the file (trainwell loads checkpoints with weights_only=True). Only load "
+            f"files you trust; to restart without it, delete the file. Details: {err}"
+        ) from err
+    except (RuntimeError, EOFError) as err:
+        raise RuntimeError(f"{path} is corrupted or not a torch file ({type(err).__name__}: {err})") from err
 
 
 def torch_save(obj: Any, path: str | os.PathLike) -> None:

@@ -66,7 +66,7 @@ def incomplete_reason(path: str | os.PathLike) -> str | None:
     Cheap checks only (no tensor is read, no pickle is opened): the trainer state parses as a JSON object,
     some model weights exist, every safetensors file is as long as its header says, and every ``.pt``/``.pth``
     file (optimizer, scheduler, RNG states) is a whole zip archive (a truncated one has no end record). When
-    ``training_args.json`` says the checkpoint was not ``save_only_model``, the optimizer and scheduler
+    ``training_args.json`` says the checkpoint was not ``save_only_model``, the optimizer, scheduler and RNG
     files must be there too.
     """
     path = Path(path)
@@ -92,7 +92,7 @@ def incomplete_reason(path: str | os.PathLike) -> str | None:
 
 
 def _missing_training_state(path: Path) -> str | None:
-    """The optimizer or scheduler file missing from a checkpoint whose arguments say it should have them."""
+    """The optimizer, scheduler or RNG file missing from a checkpoint whose arguments say it should have them."""
     try:
         saved_args = json.loads((path / TRAINING_ARGS_NAME).read_text())
     except (OSError, ValueError):
@@ -102,6 +102,8 @@ def _missing_training_state(path: Path) -> str | None:
     for name in (OPTIMIZER_NAME, SCHEDULER_NAME):
         if not (path / name).is_file():
             return f"{name} is missing"
+    if not any(path.glob("rng_state*.pth")):
+        return "rng_state.pth is missing"
     return None
 
 

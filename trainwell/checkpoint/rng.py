@@ -39,8 +39,10 @@ def load_rng_file(path: str | os.PathLike) -> dict[str, Any]:
     except ImportError:  # pragma: no cover - numpy 1.x
         from numpy.core.multiarray import _reconstruct
     allowed.append(_reconstruct)
+    from trainwell.checkpoint.io import safe_torch_load
+
     with torch.serialization.safe_globals(allowed):
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return safe_torch_load(path, map_location="cpu")
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

@@ -68,8 +68,10 @@ def save_checkpoint(trainer: Trainer, run_dir: str) -> Path:
     runtime.wait_for_everyone()  # every rank's RNG file is in the temporary folder
     if args.should_save:
         atomic.publish()
+        # The folder just written is protected too: after resuming from an older checkpoint, a higher-numbered
+        # one left by the earlier run would otherwise count as "the newest" and this one be deleted.
         rotate_checkpoints(
-            run_dir, args.save_total_limit, protected=(state.best_model_checkpoint, trainer._resumed_from)
+            run_dir, args.save_total_limit, protected=(state.best_model_checkpoint, trainer._resumed_from, final)
         )
     runtime.wait_for_everyone()
     return final
@@ -85,38 +87,36 @@ def _save_training_state(trainer: Trainer, directory: Path) -> None:
             torch_save(runtime.scaler.state_dict(), directory / SCALER_NAME)
     rng_file = directory / rng_file_name(runtime.process_index, runtime.num_processes)
     torch_save(get_rng_state(), rng_file)
-    dataset = stateful_dataset(trainer)
-    if dataset is not None:
-        torch_save(dataset.state_dict(), directory / data_state_file_name(runtime.process_index, runtime.num_processes))
+    position = getattr(trainer, "_data_position", None)
+    if position is not None:
+        torch_save(position.state_dict(), directory / data_state_file_name(runtime.process_index, runtime.num_processes))
 
 
-def stateful_dataset(trainer: Trainer) -> Any:
-    """The training ``IterableDataset`` when it can save and restore its own position, else ``None``.
+def is_stateful(dataset: Any, args: Any) -> bool:
+    """Whether the training ``dataset`` (the object the loader iterates) can save and restore its own position.
 
-    Only when it is read in the main process (``dataloader_num_workers=0``): with workers, each worker
-    iterates its own copy and the main process's object never moves, so its state would be meaningless.
+    Only an ``IterableDataset`` read in the main process (``dataloader_num_workers=0``): with workers, each
+    worker iterates its own copy and the main process's object never moves, so its state would be meaningless.
     """
     from torch.utils.data import IterableDataset
 
-    dataset = getattr(trainer, "train_dataset", None)
-    if not isinstance(dataset, IterableDataset) or trainer.args.dataloader_num_workers > 0:
-        return None
-    if callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None)):
-        return dataset
-    return None
+    if not isinstance(dataset, IterableDataset) or args.dataloader_num_workers > 0:
+        return False
+    return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
 
 
 def restore_data_state(trainer: Trainer, checkpoint: str) -> bool:
     """Load the dataset position saved in ``checkpoint``; False when there is none to load (replay instead)."""
-    dataset = stateful_dataset(trainer)
-    if dataset is None:
+    position = getattr(trainer, "_data_position", None)
+    if position is None:
         return False
     runtime = trainer.runtime
     path = Path(checkpoint) / data_state_file_name(runtime.process_index, runtime.num_processes)
     if not path.is_file():
         logger.warning("%s has no %s: the iterable dataset is replayed to skip the consumed batches.", checkpoint, path.name)
         return False
-    dataset.load_state_dict(safe_torch_load(path))
+    position.dataset.load_state_dict(safe_torch_load(path))
+    position.restored()
     return True
 
 
