@@ -176,3 +176,44 @@ def test_python_dash_m_and_help():
     done = subprocess.run([sys.executable, "-m", "trainwell", "--help"], capture_output=True, text=True, check=True)
     assert all(cmd in done.stdout for cmd in ("demo", "train", "report", "env"))
     assert main([]) == 2
+
+
+def test_console_script_imports_a_model_module_beside_the_config(tmp_path):
+    """The ``trainwell`` console script finds ``my_model.py`` next to the config (its bin folder, not the
+    current directory, starts on sys.path)."""
+    script = os.path.join(os.path.dirname(sys.executable), "trainwell")
+    if not os.path.exists(script):
+        pytest.skip("the trainwell console script is not installed in this environment")
+    project = tmp_path / "project"
+    project.mkdir()
+    _write(project / "my_model.py", """
+import torch
+from torch import nn
+
+class Line(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x, labels=None):
+        pred = self.a * x
+        return {"loss": ((pred - labels) ** 2).mean(), "logits": pred}
+
+def data():
+    return {"train": [{"x": float(i), "labels": 2.0 * i} for i in range(8)]}
+""")
+    _write(project / "run.yaml", f"""
+model: my_model:Line
+data: my_model:data
+output_dir: {tmp_path / 'out'}
+max_steps: 2
+use_cpu: true
+disable_tqdm: true
+report: false
+""")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([script, "train", str(project / "run.yaml")], cwd=elsewhere, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["global_step"] == 2

@@ -152,3 +152,32 @@ def test_hf_dataset_with_no_usable_column_is_a_clear_error(out_dir):
     trainer = Trainer(model=RegressionModel(), args=make_args(out_dir, max_steps=1), train_dataset=ds)
     with pytest.raises(ValueError, match=r"forward takes \['input_x'"):
         trainer.train()
+
+
+class _NeedsX(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, x, labels=None):
+        if labels is not None and labels.dtype != torch.float32:
+            raise TypeError("labels must be float")  # a TypeError from inside forward
+        return {"loss": self.linear(x).pow(2).mean()}
+
+
+@pytest.mark.parametrize("remove_unused", [True, False])
+def test_a_batch_that_does_not_fit_forward_names_keys_and_arguments(out_dir, remove_unused):
+    data = [{"inputs": torch.ones(2), "labels": torch.zeros(1)} for _ in range(4)]
+    args = make_args(out_dir, max_steps=1, remove_unused_columns=remove_unused)
+    with pytest.raises(TypeError) as err:
+        Trainer(model=_NeedsX(), args=args, train_dataset=data).train()
+    text = str(err.value)
+    assert "_NeedsX.forward(x, labels)" in text and "missing a required argument: 'x'" in text
+    assert ("['inputs', 'labels']" if not remove_unused else "['labels']") in text
+    assert "remove_unused_columns" in text
+
+
+def test_a_type_error_inside_forward_is_not_rewritten(out_dir):
+    data = [{"x": torch.ones(2), "labels": torch.zeros(1, dtype=torch.float64)} for _ in range(4)]
+    with pytest.raises(TypeError, match="^labels must be float$"):
+        Trainer(model=_NeedsX(), args=make_args(out_dir, max_steps=1), train_dataset=data).train()

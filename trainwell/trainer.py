@@ -343,7 +343,7 @@ class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
             labels = inputs.pop("labels")
         if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
             inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
-        outputs = model(**inputs)
+        outputs = model_utils.call_forward(model, inputs)
         if self.compute_loss_func is not None:
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
         elif labels is not None:
@@ -461,7 +461,7 @@ class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
                     logits = logits[1:]
             else:
                 loss = None
-                outputs = model(**inputs)
+                outputs = model_utils.call_forward(model, inputs)
                 logits = model_utils.output_items(outputs, ignore_keys)
         if prediction_loss_only:
             return loss, None, None

@@ -12,6 +12,7 @@ import csv
 import importlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,18 @@ FORMATS = ("jsonl", "csv", "text")
 _SUFFIX_FORMAT = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".txt": "text"}
 _FILE_KEYS = ("path", "format", "columns", "block_size", "eval_fraction", "limit")
 _FACTORY_KEYS = ("factory", "kwargs")
+
+
+def add_import_paths(config_path: str) -> None:
+    """Let ``module:attribute`` references name modules beside the config or in the current directory.
+
+    A console script (``trainwell train``) starts with its own bin folder on ``sys.path``, not the current
+    directory as ``python -m`` or ``python script.py`` would; a user's ``my_model.py`` next to the config
+    would not import.
+    """
+    for folder in (os.getcwd(), os.path.dirname(os.path.abspath(config_path))):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
 
 
 def import_object(reference: str, what: str) -> Any:

@@ -61,6 +61,7 @@ def run(ns: argparse.Namespace) -> int:
     from trainwell import Trainer
     from trainwell.cli import build
 
+    build.add_import_paths(ns.config)
     model = build.build_model(sections.get("model"))
     train_dataset, eval_dataset = build.build_data(sections.get("data"))
     extra = {}

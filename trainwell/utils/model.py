@@ -33,6 +33,32 @@ def forward_parameters(model: nn.Module) -> dict[str, inspect.Parameter]:
         return {}
 
 
+def call_forward(model: nn.Module, inputs: dict[str, Any]) -> Any:
+    """``model(**inputs)``; when the batch's keys do not fit ``forward``'s arguments, a TypeError that says so.
+
+    Python's own message ("missing 1 required positional argument") names neither the batch's keys nor the
+    usual cause: dataset columns named differently from ``forward``'s arguments, and dropped by
+    ``remove_unused_columns``. The signature is only checked after a failure: no cost per step.
+    """
+    try:
+        return model(**inputs)
+    except TypeError as err:
+        params = forward_parameters(model)
+        if not params:
+            raise
+        try:
+            inspect.signature(unwrap(model).forward).bind(**inputs)
+        except TypeError as mismatch:
+            names = ", ".join(n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+            raise TypeError(
+                f"The batch does not fit {type(unwrap(model)).__name__}.forward({names}): {mismatch}. The batch "
+                f"holds {sorted(inputs)}. Name the dataset columns (or the data collator's output keys) after "
+                "forward's arguments; with remove_unused_columns=True (the default), columns forward does not "
+                "name are dropped before the model sees them."
+            ) from err
+        raise  # the batch fits the signature: the TypeError came from inside forward
+
+
 def is_pretrained_model(model: nn.Module) -> bool:
     """True for a ``transformers`` ``PreTrainedModel`` (checked by class name, so transformers is never imported)."""
     return any(cls.__name__ == "PreTrainedModel" for cls in type(unwrap(model)).__mro__)
