@@ -126,6 +126,8 @@ def test_train_on_plain_text_with_the_byte_model_and_print_config(tmp_path, caps
      "Did you mean 'format'?"),
     ("model: tests.common.models:RegressionModel\ndata: {train: nowhere.jsonl}\n", [], "no such file"),
     ("- a list\n", [], "must be a mapping"),
+    ("report: maybe\n", [], "report='maybe': pass true"),
+    ("optim_args: [momentum]\n", [], "optim_args=['momentum']"),
 ])
 def test_config_errors_name_the_key_and_the_fix(tmp_path, capsys, monkeypatch, body, overrides, expected):
     monkeypatch.chdir(ROOT)

@@ -76,6 +76,18 @@ def test_parse_optim_args_coerces_values():
     assert parse_optim_args(None) == {} and parse_optim_args("") == {}
 
 
+def test_optim_args_as_a_dict_reaches_the_optimizer(out_dir):
+    from tests.common.models import RegressionDataset, RegressionModel
+    from tests.conftest import make_args
+    from trainwell import Trainer
+
+    args = make_args(out_dir, optim="sgd", optim_args={"momentum": "0.5", "nesterov": True})
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=8))
+    group = trainer.create_optimizer().param_groups[0]
+    assert group["momentum"] == 0.5 and group["nesterov"] is True
+    assert parse_optim_args({"momentum": "0.9", "eps": 1e-8}) == {"momentum": 0.9, "eps": 1e-8}
+
+
 @pytest.mark.parametrize("bad", ["momentum", "=0.9", "a=1,b"])
 def test_parse_optim_args_rejects_items_without_key_and_value(bad):
     with pytest.raises(ValueError, match="is not key=value"):

@@ -476,6 +476,12 @@ def test_report_to_all_lists_installed_trackers_without_importing(monkeypatch):
     assert make(report_to=["all"]).report_to == ["tensorboard", "wandb"]
 
 
+def test_report_to_all_next_to_names_adds_them(monkeypatch):
+    monkeypatch.setattr(normalize.importlib.util, "find_spec", lambda name: object() if name == "mlflow" else None)
+    assert make(report_to=["all", "jsonl"]).report_to == ["mlflow", "jsonl"]
+    assert make(report_to=["mlflow", "all"]).report_to == ["mlflow"]
+
+
 def test_report_to_unknown_name_lists_known_ones():
     with pytest.raises(ValueError) as err:
         make(report_to=["tensorboard", "wandbb"])
@@ -530,6 +536,11 @@ _STEPS_EVAL = {"eval_strategy": "steps", "save_strategy": "steps", "load_best_mo
         ({"train_sampling_strategy": "sequental"}, ["train_sampling_strategy='sequental'", "Did you mean 'sequential'"]),
         ({"ddp_backend": "ncl"}, ["ddp_backend='ncl'", "Did you mean 'nccl'"]),
         ({"include_for_metrics": ["input"]}, ["include_for_metrics='input'", "Did you mean 'inputs'"]),
+        ({"eval_accumulation_steps": 0}, ["eval_accumulation_steps=0", "positive number"]),
+        ({"dataloader_persistent_workers": True}, ["dataloader_persistent_workers=True", "num_workers > 0"]),
+        ({"optim_args": ["momentum=0.9"]}, ["optim_args=['momentum=0.9']", "'key=value,key2=value2'"]),
+        ({"optim_args": {"betas": [0.9, 0.99]}}, ["optim_args['betas']=[0.9, 0.99]", "number, a bool"]),
+        ({"report_to": ["none", "jsonl"]}, ["report_to=['none', 'jsonl']", "'none' alone"]),
     ],
 )
 def test_validation_errors_name_argument_value_and_fix(kwargs, parts):

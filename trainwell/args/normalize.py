@@ -188,8 +188,10 @@ def normalize_report_to(value: Any) -> list[str]:
     names = [value] if value is None or isinstance(value, str) else list(value)
     if names in ([None], ["none"], []):
         return []
-    if names == ["all"]:
-        return available_report_to()
+    if "none" in names:
+        raise ValueError(f"report_to={value!r} asks for 'none' and for trackers: pass 'none' alone, or the trackers.")
+    if "all" in names:  # "all" next to names: the installed trackers plus those (e.g. ["all", "jsonl"])
+        names = available_report_to() + [name for name in names if name != "all"]
     for name in names:
         if name not in KNOWN_REPORT_TO:
             raise ValueError(

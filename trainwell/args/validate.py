@@ -47,6 +47,11 @@ def _check_sizes(args: Any) -> None:
             f"dataloader_num_workers={args.dataloader_num_workers!r}: pass 0 (load in the main process) "
             "or a positive number of worker processes."
         )
+    if args.eval_accumulation_steps is not None and not _positive_int(args.eval_accumulation_steps):
+        raise ValueError(
+            f"eval_accumulation_steps={args.eval_accumulation_steps!r}: pass a positive number of evaluation "
+            "steps after which predictions move off the device, or None to keep them there until the end."
+        )
     if args.torch_empty_cache_steps is not None and not _positive_int(args.torch_empty_cache_steps):
         raise ValueError(
             f"torch_empty_cache_steps={args.torch_empty_cache_steps!r}: pass a positive integer, "
@@ -153,12 +158,32 @@ def _check_scheduler(args: Any) -> None:
             raise ValueError(f"{name}={value!r}: pass a dict, or a JSON object string such as '{{\"key\": 1}}'.")
 
 
+def _check_optim_args(args: Any) -> None:
+    value = args.optim_args
+    if value is None or isinstance(value, str):
+        return
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ValueError(
+            f"optim_args={value!r}: pass a 'key=value,key2=value2' string (e.g. 'momentum=0.9,nesterov=true') "
+            "or a dict of option names to values."
+        )
+    for key, item in value.items():
+        if not isinstance(item, (str, int, float, bool)):
+            raise ValueError(f"optim_args[{key!r}]={item!r}: each optimizer option must be a number, a bool or a "
+                             "string.")
+
+
 def _check_dataloader(args: Any) -> None:
     if args.dataloader_prefetch_factor is not None and args.dataloader_num_workers == 0:
         raise ValueError(
             f"dataloader_prefetch_factor={args.dataloader_prefetch_factor!r} with dataloader_num_workers=0: "
             "prefetching needs worker processes. Set dataloader_num_workers > 0, "
             "or leave dataloader_prefetch_factor=None."
+        )
+    if args.dataloader_persistent_workers and args.dataloader_num_workers == 0:
+        raise ValueError(
+            "dataloader_persistent_workers=True with dataloader_num_workers=0: there are no worker processes to "
+            "keep alive. Set dataloader_num_workers > 0, or dataloader_persistent_workers=False."
         )
 
 
@@ -182,6 +207,7 @@ _CHECKS: tuple[Callable[[Any], None], ...] = (
     _check_precision,
     _check_scheduler,
     _check_dataloader,
+    _check_optim_args,
     _check_choices,
 )
 

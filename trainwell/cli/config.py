@@ -180,4 +180,6 @@ def split_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     sections = {k: v for k, v in config.items() if k in SECTIONS}
     training = {k: v for k, v in config.items() if k not in SECTIONS}
     _check_bool_fields(training)
+    if not isinstance(sections.get("report", True), bool):
+        raise CliError(f"report={sections['report']!r}: pass true (write OUTPUT_DIR/report/) or false.")
     return sections, training

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -39,12 +39,18 @@ def _coerce(value: str) -> bool | int | float | str:
     return value
 
 
-def parse_optim_args(s: str | None) -> dict[str, Any]:
+def parse_optim_args(s: str | Mapping[str, Any] | None) -> dict[str, Any]:
     """Parse ``optim_args`` (``"k=v,k2=v2"``) into a dict; spaces are ignored and each value becomes a bool
     (``true``/``false``, any case), an int or a float when it parses as one, else stays a str. A value may
-    contain ``=`` (the first one separates key and value). Empty or None gives ``{}``."""
+    contain ``=`` (the first one separates key and value). Empty or None gives ``{}``.
+
+    A mapping (what a YAML or JSON config naturally holds) is taken as already parsed; its string values are
+    coerced the same way. The reference accepts only the string form.
+    """
     if not s:
         return {}
+    if isinstance(s, Mapping):
+        return {str(key): _coerce(value) if isinstance(value, str) else value for key, value in s.items()}
     parsed: dict[str, Any] = {}
     for item in s.replace(" ", "").split(","):
         if not item:
