@@ -38,6 +38,24 @@ def test_eval_accumulation_steps_changes_nothing_but_when_outputs_move(out_dir):
         assert out.metrics["test_loss"] == base.metrics["test_loss"]
 
 
+@pytest.mark.parametrize("steps, staged", [(None, [1, 1, 1, 1, 1, 1]), (2, [2, 2, 2]), (4, [4, 2])])
+def test_eval_accumulation_steps_moves_outputs_every_n_batches(out_dir, monkeypatch, steps, staged):
+    """22 samples in batches of 4: 6 batches, moved to the host in groups of eval_accumulation_steps."""
+    from trainwell.loop import evaluation
+
+    staged_sizes = []
+    flush = evaluation._EvalRun._flush
+
+    def spy(self):
+        if self.stage:
+            staged_sizes.append(len(self.stage))
+        flush(self)
+
+    monkeypatch.setattr(evaluation._EvalRun, "_flush", spy)
+    _token_trainer(out_dir, eval_accumulation_steps=steps).predict(VariableLengthTokenDataset(n=22))
+    assert staged_sizes == staged
+
+
 def test_preprocess_logits_runs_per_batch_before_accumulation(out_dir):
     seen = []
 

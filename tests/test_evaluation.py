@@ -108,7 +108,8 @@ def test_dict_of_eval_datasets(out_dir):
     metrics = trainer.evaluate()
     assert {"eval_small_loss", "eval_large_loss"} <= set(metrics)
     trainer.train()
-    assert trainer.state.best_metric is not None
+    logged = [h["eval_small_loss"] for h in trainer.state.log_history if "eval_small_loss" in h]
+    assert len(logged) >= 1 and trainer.state.best_metric == min(logged)
     with pytest.raises(KeyError, match="missing"):
         trainer.evaluate(eval_dataset="missing")
 
@@ -117,17 +118,32 @@ def test_evaluate_named_dataset(out_dir):
     evals = {"a": RegressionDataset(length=8), "b": RegressionDataset(length=16, seed=1)}
     trainer = Trainer(model=RegressionModel(), args=make_args(out_dir), eval_dataset=evals)
     metrics = trainer.evaluate(eval_dataset="b")
-    assert "eval_loss" in metrics
+    direct = trainer.evaluate(evals["b"])
+    assert metrics["eval_loss"] == direct["eval_loss"]  # "b" was evaluated, under the usual "eval" prefix
+    assert metrics["eval_loss"] != trainer.evaluate(evals["a"])["eval_loss"]
+
+
+class DtypeRecorder(RegressionModel):
+    seen: list = []  # on the class: the half-precision copy evaluated with appends here too
+
+    def forward(self, input_x, labels=None):
+        self.seen.append((self.training, self.a.dtype))
+        return super().forward(input_x, labels)
 
 
 def test_full_eval_does_not_leave_model_cast(out_dir):
     args = make_args(out_dir, bf16_full_eval=True, max_steps=2)
-    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(),
+    model = DtypeRecorder()
+    model.seen.clear()
+    trainer = Trainer(model=model, args=args, train_dataset=RegressionDataset(),
                       eval_dataset=RegressionDataset(length=8))
     trainer.evaluate()
+    assert {dtype for training, dtype in model.seen if not training} == {torch.bfloat16}  # evaluated in bf16
     assert trainer.model.a.dtype == torch.float32
+    model.seen.clear()
     trainer.train()  # the reference crashes here with a dtype mismatch
     assert trainer.model.a.dtype == torch.float32
+    assert {dtype for training, dtype in model.seen if training} == {torch.float32}
 
 
 def test_eval_strategy_without_eval_dataset_is_an_error(out_dir):

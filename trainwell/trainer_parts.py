@@ -169,7 +169,7 @@ class TrainerPartsMixin:
         if control.should_log and state.global_step > self._globalstep_last_logged:
             loss_sum = self._gather_loss_sum(tr_loss.take())
             tr_loss.logged_total += loss_sum
-            logs: dict[str, float] = {"loss": round(loss_sum / (state.global_step - self._globalstep_last_logged), 4)}
+            logs: dict[str, float] = {"loss": loss_sum / (state.global_step - self._globalstep_last_logged)}
             if grad_norm is not None:
                 logs["grad_norm"] = float(grad_norm)
             if learning_rate is not None:
