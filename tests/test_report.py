@@ -56,7 +56,19 @@ def test_report_of_a_trainwell_run(trainwell_run):
     page = report.html.read_text()
     assert page.count("data:image/png;base64,") == 4 and "src=\"http" not in page and "<script" not in page
     assert "validation loss" in report.text and "best checkpoint" in report.text and "runtime" in report.text
+    assert "perplexity" not in report.text  # a regression loss: no perplexity invented for it
     assert (report.out_dir / "summary.txt").read_text().strip() == report.text
+
+
+def test_perplexity_is_shown_only_when_the_run_logged_it(tmp_path):
+    from trainwell.report.history import RunHistory
+
+    series, _ = series_from_log_history([
+        {"eval_loss": 2.0, "eval_perplexity": 7.389, "step": 4}, {"eval_loss": 1.0, "eval_perplexity": 2.718, "step": 8},
+    ])
+    assert summary(RunHistory("lm", "x", {}, series, {}))["lowest validation loss"] == "1 at step 8 (perplexity 2.718)"
+    del series["eval_perplexity"]
+    assert summary(RunHistory("reg", "x", {}, series, {}))["lowest validation loss"] == "1 at step 8"
 
 
 def test_report_of_a_reference_trainer_state(tmp_path):

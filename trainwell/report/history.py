@@ -8,7 +8,6 @@ series, and the short text summary. Drawing belongs to ``trainwell.report.plots`
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -126,7 +125,10 @@ def summary(run: RunHistory) -> dict[str, Any]:
             out[label] = f"{first[1]:.4g} (step {first[0]}) -> {last[1]:.4g} (step {last[0]})"
     if run.series.get("eval_loss"):
         step, best = min(run.series["eval_loss"], key=lambda p: p[1])
-        out["lowest validation loss"] = f"{best:.4g} at step {step} (perplexity {_perplexity(best)})"
+        # Perplexity only means something for a language model's cross-entropy: shown when the run logged it.
+        perplexity = dict(run.series.get("eval_perplexity", [])).get(step)
+        out["lowest validation loss"] = f"{best:.4g} at step {step}" + (
+            f" (perplexity {perplexity:.4g})" if perplexity is not None else "")
     if state.get("best_metric") is not None:
         out["best metric"] = f"{state['best_metric']:.6g}"
     if state.get("best_model_checkpoint"):
@@ -141,10 +143,6 @@ def summary_text(run: RunHistory) -> str:
     rows = summary(run)
     width = max(map(len, rows))
     return "\n".join(f"{key:<{width}}  {value}" for key, value in rows.items())
-
-
-def _perplexity(loss: float) -> str:
-    return f"{math.exp(loss):.4g}" if loss < 700 else "inf"
 
 
 def _duration(seconds: float) -> str:
