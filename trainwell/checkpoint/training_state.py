@@ -7,7 +7,8 @@ A checkpoint of step N holds, in ``checkpoint-N/``:
 * unless ``save_only_model``: ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt`` (fp16 with a scaler) and the RNG
   states of every process (``rng_state.pth`` or ``rng_state_{rank}.pth``);
 * unless ``save_only_model``, for an ``IterableDataset`` with ``state_dict``/``load_state_dict`` read in the main
-  process (``dataloader_num_workers=0``): its position, ``data_state.pth`` / ``data_state_{rank}.pth``;
+  process (``dataloader_num_workers=0``): its position as of the last batch trained on (not the batch a
+  loader read ahead, see ``trainwell.data.position``), ``data_state.pth`` / ``data_state_{rank}.pth``;
 * ``trainer_state.json`` (with the callback states), written last.
 
 The data position needs no file of its own for sized data: the sampler's order is a function of (seed,
