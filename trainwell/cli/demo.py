@@ -18,7 +18,7 @@ from typing import Any
 from trainwell.cli import CliError
 
 # ~2 minutes on a 2-core CPU for the "small" model (measured; see the README's main-job section).
-DEFAULT_STEPS = 600
+DEFAULT_STEPS = 1000
 _PROMPT = b"def "
 
 
