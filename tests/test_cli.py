@@ -43,6 +43,16 @@ def test_demo_trains_reports_and_resumes(tmp_path, capsys):
     assert "at step 0" in text  # the starting loss is still the one measured before any training
 
 
+def test_two_fresh_demos_with_one_seed_print_the_same_losses(tmp_path, capsys):
+    def losses(folder: str) -> str:
+        code, text, _ = _run(capsys, "demo", "--steps", 2, "--size", "tiny", "--evals", 1, "--sample-bytes", 4,
+                             "--no-report", "--device", "cpu", "--output-dir", tmp_path / folder)
+        assert code == 0
+        return next(line for line in text.splitlines() if line.startswith("validation loss:"))
+
+    assert losses("a") == losses("b")  # the initial weights follow --seed, not whatever ran before
+
+
 def test_demo_rejects_a_missing_device(capsys, monkeypatch, tmp_path):
     import torch
 

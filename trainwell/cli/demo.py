@@ -96,9 +96,11 @@ def run(ns: argparse.Namespace) -> int:
     from trainwell.checkpoint.layout import get_last_checkpoint
     from trainwell.examples.bytedata import ByteBlocks, stdlib_corpus
     from trainwell.examples.bytelm import build_model
+    from trainwell.utils.seed import set_seed
 
     started = time.monotonic()
     resume = get_last_checkpoint(ns.output_dir) if os.path.isdir(ns.output_dir) else None
+    set_seed(ns.seed)  # the initial weights too follow --seed, so two fresh runs print the same numbers
     model = build_model(ns.size)
     block = model.config.block_size
     corpus = stdlib_corpus(max_train_bytes=4_000_000, max_validation_bytes=400_000)
