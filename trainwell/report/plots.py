@@ -80,6 +80,8 @@ def plot_run(run: RunHistory, out_dir: str | os.PathLike[str]) -> list[Path]:
             ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
         if len(keys) > 1:
             ax.legend()
+        else:  # e.g. throughput: say which speed (tokens or samples per second) is drawn
+            ax.set_ylabel(_label(keys[0]))
         path = out / f"{name}.png"
         fig.savefig(path)
         written.append(path)
