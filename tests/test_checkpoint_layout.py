@@ -410,3 +410,17 @@ def test_plain_iterable_resumed_with_a_longer_max_steps_reads_the_right_data(out
     assert [s for s, _ in resumed.seen] == [s for s, _ in full.seen[14 * 2:]]
     assert all(torch.equal(g, w) for (_, g), (_, w) in zip(resumed.seen, full.seen[14 * 2:]))
     assert int(resumed.state.epoch) == 1
+
+
+def test_resuming_a_finished_run_trains_no_further_step(out_dir, caplog):
+    """max_steps=6 ends mid-epoch (4 steps per epoch). The reference resumes checkpoint-6 and takes step 7."""
+    first = _trainer(out_dir, save_strategy="steps", save_steps=3)
+    first.train()
+    weights = {k: v.clone() for k, v in first.model.state_dict().items()}
+    again = _trainer(out_dir, save_strategy="steps", save_steps=3)
+    with caplog.at_level("WARNING", logger="trainwell"):
+        result = again.train(resume_from_checkpoint=True)
+    assert result.global_step == 6 and again.state.global_step == 6
+    assert all(torch.equal(v, again.model.state_dict()[k]) for k, v in weights.items())
+    assert "nothing is left to train" in caplog.text
+    assert _steps(out_dir) == [3, 6]
