@@ -26,10 +26,15 @@ _EXIT_HOOK_REGISTERED = False
 def _destroy_process_group_at_exit() -> None:
     """Tear the process group down at interpreter exit (registered once per process).
 
-    Left to interpreter finalization, gloo's worker threads can be destroyed while still joinable when the
-    ranks exit at different moments, and the process dies with ``terminate called without an active
-    exception`` (SIGABRT) after the script finished: torchrun then reports the whole job as failed. An
-    explicit ``destroy_process_group`` before finalization is not a collective and exits cleanly.
+    A gloo worker thread drops its reference to a finished collective (and the tensors it holds) a moment
+    after the collective completes, and that needs the GIL. A process that exits right after its last
+    collective (a non-main rank with nothing left to write) can reach interpreter finalization first; the
+    worker's GIL request then ends its thread, and the process dies with ``terminate called without an active
+    exception`` (SIGABRT) after the script finished, so torchrun reports the whole job as failed (seen in
+    about 1 of 25 two-process runs here; a core dump showed ``~AsyncBarrierWork`` on a gloo thread in
+    ``take_gil``). So, before finalization: collect garbage (wrappers such as DDP that hold the group go,
+    and the group's destructor, which releases the GIL, joins its threads), destroy the group if the script
+    did not, and release the GIL for a moment so a worker still disposing of a collective can finish.
     """
     global _EXIT_HOOK_REGISTERED
     if _EXIT_HOOK_REGISTERED:
@@ -38,10 +43,15 @@ def _destroy_process_group_at_exit() -> None:
     import atexit
 
     def destroy() -> None:
+        import gc
+        import time
+
         import torch.distributed as dist
 
+        gc.collect()
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+        time.sleep(0.05)  # the GIL is free meanwhile: pending gloo workers finish before finalization
 
     atexit.register(destroy)
 
