@@ -107,13 +107,13 @@ class FitLoop:
         if self.args.eval_on_start:
             t._evaluate(self.trial, self.ignore_keys, skip_scheduler=True)
 
-        if t.state.global_step >= max_steps:
-            # Resumed from a checkpoint of a finished run (the reference takes one step past max_steps here).
+        if self.resume_from_checkpoint is not None and t.state.global_step >= max_steps:
+            # A checkpoint of a finished run (the reference takes one step past max_steps here).
             logger.warning(
                 "The checkpoint is at step %d and max_steps is %d: nothing is left to train. Raise max_steps "
                 "(or num_train_epochs) to train further.", t.state.global_step, max_steps,
             )
-            num_train_epochs = epochs_trained
+            num_train_epochs = epochs_trained  # no epoch left to run
         for epoch in range(epochs_trained, num_train_epochs):
             skip_windows = windows_done if epoch == epochs_trained else 0
             t.control = t.callback_handler.on_epoch_begin(self.args, t.state, t.control)
