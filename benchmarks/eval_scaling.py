@@ -89,8 +89,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 SEQ, VOCAB, DIM, EVAL_BATCH = 128, 1000, 64, 16
 QUICK_SIZES, DEFAULT_SIZES = [64, 128, 256], [250, 500, 1000, 2000]
@@ -171,7 +172,7 @@ def _peak_rss_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _libc() -> Any:
     """glibc, or None. Loaded once: each ``CDLL`` leaves reference cycles behind for the collector."""
     try:

@@ -74,8 +74,8 @@ def test_mean_loss_model_accumulation_equals_big_batch(out_dir):
 
 def test_uneven_last_window_is_weighted_by_samples(out_dir):
     # 36 samples, batch 4 → 9 micro-batches: windows of 4, 4 and a last window of 1 (per epoch).
-    _, big_last = _final_params(out_dir, RegressionModel(), RegressionDataset(length=36), per_device_train_batch_size=16,
-                                num_train_epochs=1)
+    _, big_last = _final_params(out_dir, RegressionModel(), RegressionDataset(length=36),
+                                per_device_train_batch_size=16, num_train_epochs=1)
     _, acc = _final_params(out_dir, RegressionModel(), RegressionDataset(length=36), per_device_train_batch_size=4,
                            gradient_accumulation_steps=4, num_train_epochs=1)
     for a, b in zip(big_last, acc):

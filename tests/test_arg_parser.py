@@ -33,7 +33,7 @@ def no_support_check(monkeypatch):
 class ModelArgs:
     model_name: str = dataclasses.field(metadata={"help": "Model to load."})
     dropout: float = 0.1
-    layers: Optional[int] = None
+    layers: Optional[int] = None  # noqa: UP045 -- the parser must also read typing.Optional, not only X | None
     freeze: bool = False
     tie: bool = True
     mode: Literal["fast", "slow"] = "fast"
@@ -42,7 +42,8 @@ class ModelArgs:
 
 
 def parse(*argv: str) -> TrainingArguments:
-    (args,) = TrainwellArgumentParser(TrainingArguments).parse_args_into_dataclasses(list(argv), look_for_args_file=False)
+    parser = TrainwellArgumentParser(TrainingArguments)
+    (args,) = parser.parse_args_into_dataclasses(list(argv), look_for_args_file=False)
     return args
 
 
@@ -235,7 +236,7 @@ def test_script_args_file_is_found(tmp_path, monkeypatch):
     assert (args.seed, args.max_steps) == (11, 3)
 
 
-# --- 4.x names on the command line -------------------------------------------------------------------------------------
+# --- 4.x names on the command line ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -293,7 +294,7 @@ def test_subclass_field_named_like_an_alias_is_a_plain_option():
     assert args.logging_dir == "x"
 
 
-# --- dicts, JSON and YAML ----------------------------------------------------------------------------------------------
+# --- dicts, JSON and YAML ---------------------------------------------------------------------------------------------
 
 
 def test_parse_dict_and_round_trip():

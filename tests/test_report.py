@@ -64,7 +64,8 @@ def test_perplexity_is_shown_only_when_the_run_logged_it(tmp_path):
     from trainwell.report.history import RunHistory
 
     series, _ = series_from_log_history([
-        {"eval_loss": 2.0, "eval_perplexity": 7.389, "step": 4}, {"eval_loss": 1.0, "eval_perplexity": 2.718, "step": 8},
+        {"eval_loss": 2.0, "eval_perplexity": 7.389, "step": 4},
+        {"eval_loss": 1.0, "eval_perplexity": 2.718, "step": 8},
     ])
     assert summary(RunHistory("lm", "x", {}, series, {}))["lowest validation loss"] == "1 at step 8 (perplexity 2.718)"
     del series["eval_perplexity"]

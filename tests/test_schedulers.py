@@ -129,7 +129,7 @@ def test_public_builders_equal_get_scheduler():
         "warmup_stable_decay": lambda o: get_wsd_schedule(o, WARMUP, 6, num_training_steps=TOTAL),
     }
     firsts = {}
-    for name, kwargs, expected in REFERENCE_LRS:
+    for name, _kwargs, expected in REFERENCE_LRS:
         if name in builders and name not in firsts:
             firsts[name] = expected
             opt = make_optimizer()

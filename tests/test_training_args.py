@@ -471,13 +471,13 @@ def test_report_to_becomes_a_list(given, expected):
 
 def test_report_to_all_lists_installed_trackers_without_importing(monkeypatch):
     installed = {"wandb", "tensorboardX"}
-    monkeypatch.setattr(normalize.importlib.util, "find_spec", lambda name: object() if name in installed else None)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object() if name in installed else None)
     assert make(report_to="all").report_to == ["tensorboard", "wandb"]
     assert make(report_to=["all"]).report_to == ["tensorboard", "wandb"]
 
 
 def test_report_to_all_next_to_names_adds_them(monkeypatch):
-    monkeypatch.setattr(normalize.importlib.util, "find_spec", lambda name: object() if name == "mlflow" else None)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object() if name == "mlflow" else None)
     assert make(report_to=["all", "jsonl"]).report_to == ["mlflow", "jsonl"]
     assert make(report_to=["mlflow", "all"]).report_to == ["mlflow"]
 
@@ -533,7 +533,8 @@ _STEPS_EVAL = {"eval_strategy": "steps", "save_strategy": "steps", "load_best_mo
         ({"num_train_epochs": -1}, ["num_train_epochs=-1", "max_steps"]),
         ({"dataloader_num_workers": -2}, ["dataloader_num_workers=-2"]),
         ({"log_level": "loud"}, ["log_level='loud'", "'warning'"]),
-        ({"train_sampling_strategy": "sequental"}, ["train_sampling_strategy='sequental'", "Did you mean 'sequential'"]),
+        ({"train_sampling_strategy": "sequental"},
+         ["train_sampling_strategy='sequental'", "Did you mean 'sequential'"]),
         ({"ddp_backend": "ncl"}, ["ddp_backend='ncl'", "Did you mean 'nccl'"]),
         ({"include_for_metrics": ["input"]}, ["include_for_metrics='input'", "Did you mean 'inputs'"]),
         ({"eval_accumulation_steps": 0}, ["eval_accumulation_steps=0", "positive number"]),
@@ -745,7 +746,7 @@ def test_subclass_field_named_like_an_alias_wins():
         assert Legacy().logging_dir == "mine"
 
 
-# --- fields trainwell does not act on yet ------------------------------------------------------------------------------
+# --- fields trainwell does not act on yet -----------------------------------------------------------------------------
 
 UNSUPPORTED_SAMPLES = {
     "push_to_hub": True,
@@ -988,7 +989,7 @@ def test_replace_copy_and_pickle():
     assert pickle.loads(pickle.dumps(args)) == args
 
 
-# --- fluent setters ----------------------------------------------------------------------------------------------------
+# --- fluent setters ---------------------------------------------------------------------------------------------------
 
 
 def test_setters_set_fields_and_chain():

@@ -6,8 +6,9 @@ pay for torch or accelerate until something needs them. Each name maps to the mo
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainwell.utils.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -69,18 +70,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainwell' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # cache: the next lookup is a plain module attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, extra_dir=["__version__"])
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 from trainwell.args import normalize, support, validate
 from trainwell.outputs import (
@@ -33,6 +33,7 @@ from trainwell.outputs import (
     SaveStrategy,
     SchedulerType,
 )
+from trainwell.utils.errors import choice_error
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -275,7 +276,7 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
     accelerator_config: dict | str | None = _arg(None, "AcceleratorConfig options as a dict, a JSON object string "
                                                  "or a JSON file path.")
     # Typed Any rather than accelerate's ParallelismConfig: naming that type would import accelerate.
-    parallelism_config: Optional[Any] = _arg(None, "accelerate.ParallelismConfig for tensor/context/sequence "
+    parallelism_config: Any | None = _arg(None, "accelerate.ParallelismConfig for tensor/context/sequence "
                                              "parallelism.")
 
     # --- data loading ---
@@ -529,7 +530,7 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
         _require_steps(self.logging_strategy, steps, "logging")
         for name, value in (("log_level", level), ("log_level_replica", replica_level)):
             if value not in LOG_LEVELS:
-                raise normalize.choice_error(name, value, LOG_LEVELS)
+                raise choice_error(name, value, LOG_LEVELS)
         self.logging_steps, self.report_to = steps, normalize.normalize_report_to(report_to)
         self.log_level, self.log_level_replica = level, replica_level
         self.logging_first_step, self.logging_nan_inf_filter = first_step, nan_inf_filter

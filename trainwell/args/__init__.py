@@ -8,8 +8,7 @@ that importing ``trainwell.training_args`` does not pay for argparse.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from trainwell.utils.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "TrainwellArgumentParser": "trainwell.args.parser",
@@ -24,13 +23,5 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainwell.args' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(__all__) | {"normalize", "validate", "support", "parser"})
+# dir() also lists the submodules, which are imported by name rather than through _EXPORTS.
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, extra_dir=["normalize", "validate", "support", "parser"])

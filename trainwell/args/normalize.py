@@ -11,17 +11,17 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import importlib.util
 import json
 import logging
 import numbers
 import os
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from trainwell.integrations import TRACKERS
 from trainwell.outputs import HubStrategy, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
+from trainwell.utils.errors import choice_error, did_you_mean
 
 # Fields that accept a dict, or a JSON object string (parsed only when it starts with "{": any other string
 # is a file path for the fields that take one).
@@ -56,24 +56,6 @@ MIXED_PRECISION_CHOICES: tuple[str, ...] = ("no", "fp16", "bf16", "fp8")
 
 # Declared defaults that normalization rewrites; check_supported must compare against the rewritten form.
 _NORMALIZED_DEFAULTS: dict[str, Any] = {"debug": []}
-
-
-def did_you_mean(value: Any, choices: Iterable[Any]) -> str:
-    """Return `` Did you mean 'x'?`` for the closest choice, or ``""`` when nothing is close."""
-    import difflib  # deferred: only a failing run needs it
-
-    options = [str(c) for c in choices]
-    close = difflib.get_close_matches(str(value).lower(), options, n=1, cutoff=0.6)
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-def choice_error(name: str, value: Any, choices: Iterable[Any]) -> ValueError:
-    """The error for a value outside a closed set: names the field, the value, the options and a guess."""
-    options = [str(c) for c in choices]
-    return ValueError(
-        f"{name}={value!r} is not a valid value: choose one of {', '.join(map(repr, options))}."
-        + did_you_mean(value, options)
-    )
 
 
 def coerce_enum(name: str, value: Any, enum_cls: type) -> Any:
@@ -205,7 +187,7 @@ def normalize_report_to(value: Any) -> list[str]:
 # --- numbers given as strings -----------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _numeric_fields(cls: type) -> dict[str, tuple[type, bool]]:
     """Field name → (int or float, whether None is allowed), read from the annotation text (the module uses
     postponed annotations), which avoids the cost of ``typing.get_type_hints`` on every construction."""
@@ -395,7 +377,7 @@ def normalize_args(args: Any, accelerator_config_cls: type) -> None:
     args.accelerator_config = to_accelerator_config(args.accelerator_config, accelerator_config_cls)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def declared_defaults(cls: type) -> dict[str, Any]:
     """Field name → declared default (factories called), in the form normalization leaves it in."""
     out: dict[str, Any] = {}

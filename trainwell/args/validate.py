@@ -22,8 +22,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainwell.args.normalize import choice_error, did_you_mean
 from trainwell.outputs import IntervalStrategy, SaveStrategy, SchedulerType
+from trainwell.utils.errors import choice_error, did_you_mean
 
 INCLUDE_FOR_METRICS_CHOICES: tuple[str, ...] = ("inputs", "loss")
 

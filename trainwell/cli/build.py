@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainwell.args.normalize import choice_error, did_you_mean
 from trainwell.cli import CliError
+from trainwell.utils.errors import choice_error, did_you_mean
 
 FORMATS = ("jsonl", "csv", "text")
 _SUFFIX_FORMAT = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".txt": "text"}

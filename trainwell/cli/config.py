@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainwell.args.normalize import choice_error, did_you_mean
 from trainwell.cli import CliError
+from trainwell.utils.errors import choice_error, did_you_mean
 
 # Config keys that are not TrainingArguments fields, with what they hold.
 SECTIONS: dict[str, str] = {

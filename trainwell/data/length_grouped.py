@@ -17,7 +17,8 @@ Differences from the reference, on purpose:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

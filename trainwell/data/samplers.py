@@ -8,7 +8,7 @@ mid-epoch costs one ``randperm`` and no sample is loaded or collated to skip it.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Sampler

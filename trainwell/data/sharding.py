@@ -19,7 +19,8 @@ row counts of every process without communicating.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from torch.utils.data import IterableDataset, Sampler
 

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from trainwell.utils.errors import choice_error
+
 VOCAB_SIZE = 256
 
 
@@ -144,7 +146,5 @@ def build_model(size: str = "small", **overrides: int | float) -> ByteLM:
     Usable as a ``trainwell train`` model factory: ``model: {factory: trainwell.examples.bytelm:build_model}``.
     """
     if size not in SIZES:
-        from trainwell.args.normalize import choice_error
-
         raise choice_error("size", size, SIZES)
     return ByteLM(ByteLMConfig(**{**SIZES[size].to_dict(), **overrides}))

@@ -13,6 +13,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+from trainwell.utils.errors import did_you_mean
+
 
 @dataclass(frozen=True)
 class Tracker:
@@ -50,8 +52,6 @@ def tracker_class(name: str) -> type:
     ``pip install`` when the tracker's package is missing."""
     entry = TRACKERS.get(name)
     if entry is None:
-        from trainwell.args.normalize import did_you_mean
-
         raise ValueError(
             f"report_to: {name!r} is not a tracker trainwell knows. Use any of "
             f"{', '.join(map(repr, TRACKERS))}, 'all' (the installed ones) or 'none'." + did_you_mean(name, TRACKERS)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 from trainwell.events.callback import TrainerCallback
 from trainwell.state import TrainerControl, TrainerState

@@ -6,29 +6,28 @@ Names are re-exported lazily, so ``import trainwell.optim`` costs nothing until 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from trainwell.utils.lazy import lazy_exports
+
+# The public scheduler builders of trainwell.optim.schedulers. Kept here, not there: this module must not
+# import torch, and schedulers.py takes its ``__all__`` from this tuple, so the two lists cannot drift.
+SCHEDULER_NAMES: tuple[str, ...] = (
+    "get_scheduler",
+    "get_constant_schedule",
+    "get_constant_schedule_with_warmup",
+    "get_linear_schedule_with_warmup",
+    "get_cosine_schedule_with_warmup",
+    "get_cosine_with_hard_restarts_schedule_with_warmup",
+    "get_polynomial_decay_schedule_with_warmup",
+    "get_inverse_sqrt_schedule",
+    "get_cosine_with_min_lr_schedule_with_warmup",
+    "get_cosine_with_min_lr_schedule_with_warmup_lr_rate",
+    "get_wsd_schedule",
+    "get_reduce_on_plateau_schedule",
+    "get_greedy_schedule",
+)
 
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(
-        [
-            "get_scheduler",
-            "get_constant_schedule",
-            "get_constant_schedule_with_warmup",
-            "get_linear_schedule_with_warmup",
-            "get_cosine_schedule_with_warmup",
-            "get_cosine_with_hard_restarts_schedule_with_warmup",
-            "get_polynomial_decay_schedule_with_warmup",
-            "get_inverse_sqrt_schedule",
-            "get_cosine_with_min_lr_schedule_with_warmup",
-            "get_cosine_with_min_lr_schedule_with_warmup_lr_rate",
-            "get_wsd_schedule",
-            "get_reduce_on_plateau_schedule",
-            "get_greedy_schedule",
-            "TYPE_TO_SCHEDULER_FUNCTION",
-        ],
-        "trainwell.optim.schedulers",
-    ),
+    **dict.fromkeys([*SCHEDULER_NAMES, "TYPE_TO_SCHEDULER_FUNCTION"], "trainwell.optim.schedulers"),
     "GreedyLR": "trainwell.optim.greedy",
     "Adafactor": "trainwell.optim.adafactor",
     "AdafactorSchedule": "trainwell.optim.adafactor",
@@ -46,15 +45,4 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainwell.optim' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -71,8 +71,9 @@ def build_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, 
     Group 0 holds the trainable parameters in :func:`get_decay_parameter_names` with ``weight_decay``; group 1
     holds the other trainable parameters with ``weight_decay=0.0``. Only ``requires_grad`` parameters are
     included, in ``named_parameters()`` order; a group with no parameters is dropped, so the result has 0, 1
-    or 2 groups. With ``weight_decay == 0`` every trainable parameter goes in one group. When parameters live on different DTensor device meshes, each group is further split by mesh
-    (fused and foreach kernels cannot span meshes).
+    or 2 groups. With ``weight_decay == 0`` every trainable parameter goes in one group. When parameters live
+    on different DTensor device meshes, each group is further split by mesh (fused and foreach kernels cannot
+    span meshes).
     """
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not weight_decay:

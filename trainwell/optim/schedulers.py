@@ -19,28 +19,23 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau
 
-from trainwell.optim import schedules
+from trainwell.optim import SCHEDULER_NAMES, schedules
 from trainwell.optim.greedy import GreedyLR
 from trainwell.optim.layerwise import LayerWiseDummyOptimizer, attach_layerwise_schedulers
 from trainwell.outputs import SchedulerType
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "get_scheduler",
-    "get_constant_schedule",
-    "get_constant_schedule_with_warmup",
-    "get_linear_schedule_with_warmup",
-    "get_cosine_schedule_with_warmup",
-    "get_cosine_with_hard_restarts_schedule_with_warmup",
-    "get_polynomial_decay_schedule_with_warmup",
-    "get_inverse_sqrt_schedule",
-    "get_cosine_with_min_lr_schedule_with_warmup",
-    "get_cosine_with_min_lr_schedule_with_warmup_lr_rate",
-    "get_wsd_schedule",
-    "get_reduce_on_plateau_schedule",
-    "get_greedy_schedule",
-]
+__all__ = list(SCHEDULER_NAMES)  # the one list of public builders lives in the torch-free package __init__
+
+
+def _lambda_schedule(optimizer: Optimizer, schedule: Callable[..., float], last_epoch: int, **params: Any) -> LambdaLR:
+    """The body every step-based builder shares: ``LambdaLR`` over ``partial(schedule, **params)``.
+
+    ``schedule`` must be a module-level function of :mod:`trainwell.optim.schedules`: a partial of one carries
+    no state, so the scheduler's ``state_dict()`` stays plain numbers (see the module docstring).
+    """
+    return LambdaLR(optimizer, partial(schedule, **params), last_epoch=last_epoch)
 
 
 def get_constant_schedule(optimizer: Optimizer, last_epoch: int = -1) -> LambdaLR:
@@ -50,16 +45,17 @@ def get_constant_schedule(optimizer: Optimizer, last_epoch: int = -1) -> LambdaL
 
 def get_constant_schedule_with_warmup(optimizer: Optimizer, num_warmup_steps: int, last_epoch: int = -1) -> LambdaLR:
     """Rise linearly from 0 to the initial LR over ``num_warmup_steps``, then stay there."""
-    fn = partial(schedules.constant_with_warmup, num_warmup_steps=num_warmup_steps)
-    return LambdaLR(optimizer, fn, last_epoch=last_epoch)
+    return _lambda_schedule(optimizer, schedules.constant_with_warmup, last_epoch, num_warmup_steps=num_warmup_steps)
 
 
 def get_linear_schedule_with_warmup(
     optimizer: Optimizer, num_warmup_steps: int, num_training_steps: int, last_epoch: int = -1
 ) -> LambdaLR:
     """Rise linearly from 0 over ``num_warmup_steps``, then fall linearly to 0 at ``num_training_steps``."""
-    fn = partial(schedules.linear, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps)
-    return LambdaLR(optimizer, fn, last_epoch=last_epoch)
+    return _lambda_schedule(
+        optimizer, schedules.linear, last_epoch,
+        num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps,
+    )  # fmt: skip
 
 
 def get_cosine_schedule_with_warmup(
@@ -70,13 +66,10 @@ def get_cosine_schedule_with_warmup(
     last_epoch: int = -1,
 ) -> LambdaLR:
     """Linear warmup, then a cosine to 0 (``num_cycles=0.5``: one half-wave ending at ``num_training_steps``)."""
-    fn = partial(
-        schedules.cosine,
-        num_warmup_steps=num_warmup_steps,
-        num_training_steps=num_training_steps,
-        num_cycles=num_cycles,
-    )
-    return LambdaLR(optimizer, fn, last_epoch=last_epoch)
+    return _lambda_schedule(
+        optimizer, schedules.cosine, last_epoch,
+        num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps, num_cycles=num_cycles,
+    )  # fmt: skip
 
 
 def get_cosine_with_hard_restarts_schedule_with_warmup(
@@ -87,13 +80,10 @@ def get_cosine_with_hard_restarts_schedule_with_warmup(
     last_epoch: int = -1,
 ) -> LambdaLR:
     """Linear warmup, then ``num_cycles`` cosine decays to 0, each jumping back to the initial LR."""
-    fn = partial(
-        schedules.cosine_with_hard_restarts,
-        num_warmup_steps=num_warmup_steps,
-        num_training_steps=num_training_steps,
-        num_cycles=num_cycles,
-    )
-    return LambdaLR(optimizer, fn, last_epoch=last_epoch)
+    return _lambda_schedule(
+        optimizer, schedules.cosine_with_hard_restarts, last_epoch,
+        num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps, num_cycles=num_cycles,
+    )  # fmt: skip
 
 
 def get_polynomial_decay_schedule_with_warmup(
@@ -111,15 +101,11 @@ def get_polynomial_decay_schedule_with_warmup(
     lr_init = optimizer.defaults["lr"]
     if not lr_init > lr_end:
         raise ValueError(f"polynomial schedule: lr_end={lr_end} must be smaller than the initial lr {lr_init}")
-    fn = partial(
-        schedules.polynomial,
-        num_warmup_steps=num_warmup_steps,
-        num_training_steps=num_training_steps,
-        lr_end=lr_end,
-        power=power,
+    return _lambda_schedule(
+        optimizer, schedules.polynomial, last_epoch,
+        num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps, lr_end=lr_end, power=power,
         lr_init=lr_init,
-    )
-    return LambdaLR(optimizer, fn, last_epoch=last_epoch)
+    )  # fmt: skip
 
 
 def get_inverse_sqrt_schedule(
@@ -129,8 +115,9 @@ def get_inverse_sqrt_schedule(
     10 000 when there is no warmup."""
     if timescale is None:
         timescale = num_warmup_steps or 10_000
-    fn = partial(schedules.inverse_sqrt, num_warmup_steps=num_warmup_steps, timescale=timescale)
-    return LambdaLR(optimizer, fn, last_epoch=last_epoch)
+    return _lambda_schedule(
+        optimizer, schedules.inverse_sqrt, last_epoch, num_warmup_steps=num_warmup_steps, timescale=timescale
+    )
 
 
 def _min_lr_rate(optimizer: Optimizer, name: str, min_lr: float | None, min_lr_rate: float | None) -> float:
@@ -155,14 +142,11 @@ def get_cosine_with_min_lr_schedule_with_warmup(
     """Like :func:`get_cosine_schedule_with_warmup`, but the cosine ends at a floor: ``min_lr``, or
     ``min_lr_rate`` times the optimizer's default LR (exactly one of the two, else ValueError)."""
     rate = _min_lr_rate(optimizer, SchedulerType.COSINE_WITH_MIN_LR.value, min_lr, min_lr_rate)
-    fn = partial(
-        schedules.cosine,
-        num_warmup_steps=num_warmup_steps,
-        num_training_steps=num_training_steps,
-        num_cycles=num_cycles,
+    return _lambda_schedule(
+        optimizer, schedules.cosine, last_epoch,
+        num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps, num_cycles=num_cycles,
         min_lr_rate=rate,
-    )
-    return LambdaLR(optimizer, fn, last_epoch=last_epoch)
+    )  # fmt: skip
 
 
 def get_cosine_with_min_lr_schedule_with_warmup_lr_rate(
@@ -178,15 +162,11 @@ def get_cosine_with_min_lr_schedule_with_warmup_lr_rate(
     """Cosine to a floor (as :func:`get_cosine_with_min_lr_schedule_with_warmup`) whose warmup is non-zero
     from step 0: ``(s+1)/W``, or from ``warmup_lr_rate`` to 1 when given; the decay starts one step earlier."""
     rate = _min_lr_rate(optimizer, SchedulerType.COSINE_WARMUP_WITH_MIN_LR.value, min_lr, min_lr_rate)
-    fn = partial(
-        schedules.cosine_warmup_with_min_lr,
-        num_warmup_steps=num_warmup_steps,
-        num_training_steps=num_training_steps,
-        num_cycles=num_cycles,
-        min_lr_rate=rate,
-        warmup_lr_rate=warmup_lr_rate,
-    )
-    return LambdaLR(optimizer, fn, last_epoch=last_epoch)
+    return _lambda_schedule(
+        optimizer, schedules.cosine_warmup_with_min_lr, last_epoch,
+        num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps, num_cycles=num_cycles,
+        min_lr_rate=rate, warmup_lr_rate=warmup_lr_rate,
+    )  # fmt: skip
 
 
 def get_wsd_schedule(
@@ -208,7 +188,10 @@ def get_wsd_schedule(
     if num_training_steps is None and num_stable_steps is None:
         raise ValueError("warmup_stable_decay: pass num_training_steps or num_stable_steps")
     if num_training_steps is not None and num_stable_steps is not None:
-        warnings.warn("warmup_stable_decay: both num_training_steps and num_stable_steps given; using num_stable_steps")
+        warnings.warn(
+            "warmup_stable_decay: both num_training_steps and num_stable_steps given; using num_stable_steps",
+            stacklevel=1,  # the default, made explicit: attributed to this module, so warning filters on it still match
+        )
     for arg, shape in (("warmup_type", warmup_type), ("decay_type", decay_type)):
         if shape not in schedules.WSD_SHAPES:
             raise ValueError(f"warmup_stable_decay: {arg}={shape!r} must be one of {', '.join(schedules.WSD_SHAPES)}")
@@ -220,17 +203,11 @@ def get_wsd_schedule(
                 "(%d): the decay starts right after the warmup, %d steps into its course",
                 num_warmup_steps, num_decay_steps, num_training_steps, -num_stable_steps,
             )  # fmt: skip
-    fn = partial(
-        schedules.warmup_stable_decay,
-        num_warmup_steps=num_warmup_steps,
-        num_stable_steps=num_stable_steps,
-        num_decay_steps=num_decay_steps,
-        warmup_type=warmup_type,
-        decay_type=decay_type,
-        min_lr_ratio=min_lr_ratio,
-        num_cycles=num_cycles,
-    )
-    return LambdaLR(optimizer, fn, last_epoch=last_epoch)
+    return _lambda_schedule(
+        optimizer, schedules.warmup_stable_decay, last_epoch,
+        num_warmup_steps=num_warmup_steps, num_stable_steps=num_stable_steps, num_decay_steps=num_decay_steps,
+        warmup_type=warmup_type, decay_type=decay_type, min_lr_ratio=min_lr_ratio, num_cycles=num_cycles,
+    )  # fmt: skip
 
 
 def get_reduce_on_plateau_schedule(optimizer: Optimizer, **kwargs: Any) -> ReduceLROnPlateau:

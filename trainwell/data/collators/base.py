@@ -165,6 +165,19 @@ def as_mappings(features: Sequence[Any]) -> list[Mapping[str, Any]]:
     return [vars(feature) for feature in features]
 
 
+def label_key(row: Mapping[str, Any]) -> str:
+    """The key examples keep their labels under, judged by the first: ``label`` if it has one, else ``labels``
+    (which it may not have either)."""
+    return "label" if "label" in row else "labels"
+
+
+def split_labels(rows: list[Mapping[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """``(label key, the rows without that key)``: labels are taken out before the inputs are padded, since a
+    tokenizer's ``pad()`` does not know how to pad them; the caller pads them itself."""
+    name = label_key(rows[0])
+    return name, [{k: v for k, v in row.items() if k != name} for row in rows]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # default_data_collator
 
@@ -336,6 +349,46 @@ def pad_features(
         )
     strategy = normalize_padding(padding)
     return _fallback_pad(tokenizer, as_mappings(features), strategy, max_length, pad_to_multiple_of)
+
+
+class PaddingCollatorMixin:
+    """What the padding collators share: the option checks (at construction and per call) and the call to
+    :func:`pad_features`.
+
+    For dataclass collators that declare ``tokenizer``, ``padding``, ``max_length``, ``pad_to_multiple_of``
+    and ``return_tensors`` themselves. The fields stay in each class, not here: a dataclass base would put its
+    fields before the subclass's, and the reference's positional order differs between collators (``model``
+    comes second in ``DataCollatorForSeq2Seq``, ``label_pad_token_id`` before ``return_tensors`` in two).
+    A plain class contributes no fields, so every constructor keeps the reference's signature.
+    """
+
+    tokenizer: Any
+    padding: Any
+    max_length: int | None
+    pad_to_multiple_of: int | None
+    return_tensors: str
+
+    def __post_init__(self) -> None:
+        check_return_tensors(self.return_tensors)
+        normalize_padding(self.padding)  # a bad value fails here, not in the first training step
+
+    def _return_tensors(self, requested: str | None) -> str:
+        """A call's ``return_tensors`` (the collator's own when ``None``), checked to be ``"pt"``."""
+        return_tensors = requested or self.return_tensors
+        check_return_tensors(return_tensors)
+        return return_tensors
+
+    def _pad_inputs(self, features: Sequence[Any], return_tensors: str | None = None) -> Any:
+        """:func:`pad_features` with this collator's tokenizer and padding options; ``return_tensors``
+        defaults to the collator's own."""
+        return pad_features(
+            self.tokenizer,
+            features,
+            padding=self.padding,
+            max_length=self.max_length,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            return_tensors=return_tensors or self.return_tensors,
+        )
 
 
 def collate_token_sequences(

@@ -13,16 +13,15 @@ from typing import Any
 import torch
 
 from trainwell.data.collators.base import (
+    PaddingCollatorMixin,
     as_mappings,
-    check_return_tensors,
-    normalize_padding,
-    pad_features,
+    label_key,
     to_tensor,
 )
 
 
 @dataclass
-class DataCollatorForMultipleChoice:
+class DataCollatorForMultipleChoice(PaddingCollatorMixin):
     """Pad multiple-choice examples into tensors of shape ``(batch, num_choices, length)``.
 
     Each example maps every input key (``input_ids``, ``attention_mask``, ...) to a list with one sequence
@@ -42,14 +41,10 @@ class DataCollatorForMultipleChoice:
     pad_to_multiple_of: int | None = None
     return_tensors: str = "pt"
 
-    def __post_init__(self) -> None:
-        check_return_tensors(self.return_tensors)
-        normalize_padding(self.padding)
-
     def __call__(self, examples: Sequence[Any], return_tensors: str | None = None) -> dict[str, torch.Tensor]:
-        check_return_tensors(return_tensors or self.return_tensors)
+        return_tensors = self._return_tensors(return_tensors)
         rows = as_mappings(examples)
-        label_name = "label" if "label" in rows[0] else "labels"
+        label_name = label_key(rows[0])
         num_choices = len(rows[0]["input_ids"])
         for i, row in enumerate(rows):
             if len(row["input_ids"]) != num_choices:
@@ -62,14 +57,7 @@ class DataCollatorForMultipleChoice:
             for row in rows
             for c in range(num_choices)
         ]
-        padded = pad_features(
-            self.tokenizer,
-            flat,
-            padding=self.padding,
-            max_length=self.max_length,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            return_tensors="pt",
-        )
+        padded = self._pad_inputs(flat, return_tensors)
         batch = {key: value.view(len(rows), num_choices, -1) for key, value in padded.items()}
         if label_name in rows[0]:
             batch["labels"] = to_tensor([row[label_name] for row in rows], label_name, torch.int64)

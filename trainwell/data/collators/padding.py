@@ -1,7 +1,8 @@
 """``DataCollatorWithPadding``: pad tokenized examples to one batch (the Trainer's default with a tokenizer).
 
 Owns only the collator; the padding itself (the tokenizer's ``pad()`` or the built-in fallback) lives in
-``base.pad_features`` so every padding collator pads the same way.
+``base.pad_features``, and the option checks in ``base.PaddingCollatorMixin``, so every padding collator pads
+the same way.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainwell.data.collators.base import check_return_tensors, normalize_padding, pad_features
+from trainwell.data.collators.base import PaddingCollatorMixin
 
 
 @dataclass
-class DataCollatorWithPadding:
+class DataCollatorWithPadding(PaddingCollatorMixin):
     """Pad a list of tokenized examples dynamically and return a batch of torch tensors.
 
     Args:
@@ -36,19 +37,8 @@ class DataCollatorWithPadding:
     pad_to_multiple_of: int | None = None
     return_tensors: str = "pt"
 
-    def __post_init__(self) -> None:
-        check_return_tensors(self.return_tensors)
-        normalize_padding(self.padding)  # a bad value fails here, not in the first training step
-
     def __call__(self, features: Sequence[Any]) -> Any:
-        batch = pad_features(
-            self.tokenizer,
-            features,
-            padding=self.padding,
-            max_length=self.max_length,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            return_tensors=self.return_tensors,
-        )
+        batch = self._pad_inputs(features)
         for name in ("label", "label_ids"):
             if name in batch:
                 batch["labels"] = batch.pop(name)

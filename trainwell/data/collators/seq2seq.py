@@ -15,12 +15,12 @@ import torch
 
 from trainwell.data.collators.base import (
     LABEL_PAD_ID,
+    PaddingCollatorMixin,
     as_mappings,
-    check_return_tensors,
     normalize_padding,
-    pad_features,
     pad_sequence,
     padding_side_of,
+    split_labels,
     target_length,
     to_list,
     to_tensor,
@@ -28,7 +28,7 @@ from trainwell.data.collators.base import (
 
 
 @dataclass
-class DataCollatorForSeq2Seq:
+class DataCollatorForSeq2Seq(PaddingCollatorMixin):
     """Pad sequence-to-sequence examples: inputs with the tokenizer, ``labels`` with ``label_pad_token_id``.
 
     Args:
@@ -54,25 +54,12 @@ class DataCollatorForSeq2Seq:
     label_pad_token_id: int = LABEL_PAD_ID
     return_tensors: str = "pt"
 
-    def __post_init__(self) -> None:
-        check_return_tensors(self.return_tensors)
-        normalize_padding(self.padding)
-
     def __call__(self, features: Sequence[Any], return_tensors: str | None = None) -> Any:
-        return_tensors = return_tensors or self.return_tensors
-        check_return_tensors(return_tensors)
+        return_tensors = self._return_tensors(return_tensors)
         rows = as_mappings(features)
-        label_name = "label" if "label" in rows[0] else "labels"
+        label_name, inputs = split_labels(rows)
         labels = [row.get(label_name) for row in rows]
-        inputs = [{k: v for k, v in row.items() if k != label_name} for row in rows]
-        batch = pad_features(
-            self.tokenizer,
-            inputs,
-            padding=self.padding,
-            max_length=self.max_length,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            return_tensors=return_tensors,
-        )
+        batch = self._pad_inputs(inputs, return_tensors)
         if all(label is None for label in labels):
             return batch
         batch["labels"] = self._pad_labels(labels)

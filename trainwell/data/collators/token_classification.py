@@ -15,19 +15,18 @@ import torch
 
 from trainwell.data.collators.base import (
     LABEL_PAD_ID,
+    PaddingCollatorMixin,
     as_mappings,
-    check_return_tensors,
-    normalize_padding,
-    pad_features,
     pad_sequence,
     padding_side_of,
+    split_labels,
     to_list,
     to_tensor,
 )
 
 
 @dataclass
-class DataCollatorForTokenClassification:
+class DataCollatorForTokenClassification(PaddingCollatorMixin):
     """Pad token-classification examples (NER, POS, ...): inputs with the tokenizer, labels with -100.
 
     Args:
@@ -47,24 +46,12 @@ class DataCollatorForTokenClassification:
     label_pad_token_id: int = LABEL_PAD_ID
     return_tensors: str = "pt"
 
-    def __post_init__(self) -> None:
-        check_return_tensors(self.return_tensors)
-        normalize_padding(self.padding)
-
     def __call__(self, features: Sequence[Any], return_tensors: str | None = None) -> Any:
-        check_return_tensors(return_tensors or self.return_tensors)
+        return_tensors = self._return_tensors(return_tensors)
         rows = as_mappings(features)
-        label_name = "label" if "label" in rows[0] else "labels"
+        label_name, inputs = split_labels(rows)
         has_labels = label_name in rows[0]
-        inputs = [{k: v for k, v in row.items() if k != label_name} for row in rows]
-        batch = pad_features(
-            self.tokenizer,
-            inputs,
-            padding=self.padding,
-            max_length=self.max_length,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            return_tensors="pt",
-        )
+        batch = self._pad_inputs(inputs, return_tensors)
         if not has_labels:
             return batch
         length = batch["input_ids"].shape[1]
