@@ -84,7 +84,7 @@ def test_resume_true_skips_a_damaged_newest_checkpoint(run_dir, caplog, damage):
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any(str(newest) in message for message in warnings), warnings
     # step 4 was trained again and its checkpoint replaced the damaged one
-    from trainwell.checkpoint.layout import incomplete_reason
+    from trainwell.checkpoint.resume import incomplete_reason
 
     assert incomplete_reason(newest) is None
 

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -33,7 +32,7 @@ def full_map(tmp_path_factory):
 
 def _check_after_crash(workdir, kill_note: str) -> None:
     """Every published checkpoint is whole, and the library picks the newest one."""
-    from trainwell.checkpoint.layout import get_last_checkpoint
+    from trainwell.checkpoint.resume import get_last_checkpoint
 
     steps = h.checkpoint_steps(workdir)
     for step in steps:

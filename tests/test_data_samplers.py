@@ -16,6 +16,7 @@ from trainwell.data.length_grouped import (
     sample_lengths,
 )
 from trainwell.data.samplers import ResumableSampler
+from trainwell.data.train_loader import TrainFeed
 
 
 class Tokens(Dataset):
@@ -112,7 +113,7 @@ def test_trainer_group_by_length_sampler_seeded_by_data_seed(out_dir):
     data = Tokens(40)
     trainer = _group_trainer(out_dir, data, data_seed=5)
     loader = trainer.get_train_dataloader()
-    sampler = trainer._train_sampler
+    sampler = TrainFeed.of(loader).sampler
     assert isinstance(sampler, LengthGroupedSampler) and sampler.seed == 5
     assert data.calls == 40  # lengths were computed once
     torch.manual_seed(999)  # consuming the global RNG does not change the order
@@ -136,12 +137,11 @@ def test_trainer_trains_with_group_by_length_and_is_reproducible(out_dir):
 def test_sequential_and_random_strategies(out_dir):
     trainer = Trainer(model=RegressionModel(), args=make_args(out_dir, train_sampling_strategy="sequential"),
                       train_dataset=RegressionDataset(length=10))
-    trainer.get_train_dataloader()
-    assert list(trainer._train_sampler) == list(range(10))
+    assert list(TrainFeed.of(trainer.get_train_dataloader()).sampler) == list(range(10))
     trainer = Trainer(model=RegressionModel(), args=make_args(out_dir, seed=3),
                       train_dataset=RegressionDataset(length=10))
-    trainer.get_train_dataloader()
-    assert sorted(trainer._train_sampler) == list(range(10)) and list(trainer._train_sampler) != list(range(10))
+    sampler = TrainFeed.of(trainer.get_train_dataloader()).sampler
+    assert sorted(sampler) == list(range(10)) and list(sampler) != list(range(10))
 
 
 def test_resume_mid_epoch_with_group_by_length_is_exact(out_dir):

@@ -225,10 +225,6 @@ def test_control_resets():
     control._new_step()
     assert (control.should_save, control.should_evaluate, control.should_log) == (False, False, False)
     assert control.should_training_stop and control.should_epoch_stop
-    control._new_epoch()
-    assert not control.should_epoch_stop and control.should_training_stop
-    control._new_training()
-    assert not control.should_training_stop
 
 
 def test_control_state_round_trip():

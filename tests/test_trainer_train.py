@@ -18,6 +18,7 @@ from tests.common.models import (
 )
 from tests.conftest import make_args
 from trainwell import Trainer, TrainOutput
+from trainwell.data.train_loader import TrainFeed
 
 
 class ReferenceRegressionData(Dataset):
@@ -90,7 +91,8 @@ def test_ratio_logging_steps(out_dir):
 def test_iterable_dataset_requires_max_steps(out_dir):
     with pytest.raises(ValueError, match="max_steps"):
         Trainer(model=RegressionModel(), args=make_args(out_dir), train_dataset=CountingIterable())
-    trainer = Trainer(model=RegressionModel(), args=make_args(out_dir, max_steps=12), train_dataset=CountingIterable(n=40))
+    trainer = Trainer(model=RegressionModel(), args=make_args(out_dir, max_steps=12),
+                      train_dataset=CountingIterable(n=40))
     assert trainer.train().global_step == 12  # 5 batches per pass: the data is iterated again
 
 
@@ -205,7 +207,7 @@ def test_data_seed_changes_order_but_not_init(out_dir):
     trainer = Trainer(model=RegressionModel(), args=make_args(out_dir, data_seed=3))
     trainer.train_dataset = RegressionDataset()
     loader = trainer.get_train_dataloader()
-    sampler = trainer._train_sampler
+    sampler = TrainFeed.of(loader).sampler
     assert sampler.seed == 3
     assert len(list(loader)) == 8
 

@@ -63,7 +63,7 @@ def run(trainer_cls, args_cls, out_dir, model_fn=tiny_gpt2, **kwargs):
 def test_gpt2_trains_and_saves_pretrained(out_dir):
     trainer, result, metrics = run(Trainer, TrainingArguments, out_dir, num_train_epochs=3)
     assert trainer.model_accepts_loss_kwargs  # a transformers model normalizes by num_items_in_batch
-    assert trainer._loss_shifts_labels
+    assert trainer.model_info.shifts_labels
     assert result.metrics["total_flos"] > 0  # transformers models report num_parameters()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert losses[-1] < losses[0]

@@ -65,7 +65,7 @@ _EXPORTS: dict[str, str] = {
     # utilities
     "set_seed": "trainwell.utils.seed",
     "enable_full_determinism": "trainwell.utils.seed",
-    "get_last_checkpoint": "trainwell.checkpoint.layout",
+    "get_last_checkpoint": "trainwell.checkpoint.resume",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -64,13 +64,8 @@ class TrainerControl(ExportableState):
     should_evaluate: bool = False
     should_log: bool = False
 
-    def _new_training(self) -> None:
-        self.should_training_stop = False
-
-    def _new_epoch(self) -> None:
-        self.should_epoch_stop = False
-
     def _new_step(self) -> None:
+        """Clear the flags that apply to one step (``CallbackHandler.on_step_begin`` does, before the callbacks)."""
         self.should_save = False
         self.should_evaluate = False
         self.should_log = False

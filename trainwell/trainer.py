@@ -1,12 +1,18 @@
-"""The ``Trainer`` facade: the reference Trainer's constructor, ``train``/``evaluate``/``predict``, and the
-override surface that subclasses rely on.
+"""The ``Trainer`` facade: the reference Trainer's constructor and its whole override surface, delegating.
 
-Owns wiring: it builds the runtime (``trainwell.backend``), resolves the model, collator and callbacks, and
-delegates — the training loop to ``trainwell.loop.fit``, evaluation to ``trainwell.loop.evaluation``,
-checkpoints to ``trainwell.checkpoint``, optimizers to ``trainwell.optim``. Every method a subclass of the
-reference Trainer may override (``compute_loss``, ``training_step``, ``prediction_step``,
-``create_optimizer``, ``get_train_dataloader``, ``log``, ...) is called by those loops through ``self``, so an
-override is honoured.
+``__init__`` wires the components (runtime and precision in ``trainwell.backend``, model information,
+collator and callbacks from ``trainwell.wiring``). Every other method is the reference's method of that name,
+a few lines that hand the work to the module that owns it:
+
+* ``train`` → ``trainwell.loop.fit`` (epochs and events), ``loop.step`` (one optimizer step), ``loop.epochs``
+  (data order and resume position), ``loop.boundary`` (log, evaluate, save), ``loop.plan`` (step arithmetic);
+* ``evaluate`` / ``predict`` / ``prediction_step`` → ``trainwell.loop.evaluation``;
+* ``get_*_dataloader`` → ``trainwell.data`` (``train_loader``, ``loaders``);
+* checkpoints → ``trainwell.checkpoint`` (``contents``: what a checkpoint holds; ``resume``: restoring it);
+* optimizers and schedules → ``trainwell.optim``.
+
+The loops call back only the methods listed in ``trainwell.hooks.TrainerHooks``, always through the Trainer
+object, so a subclass that overrides any of them (as subclasses of the reference do) is honoured.
 """
 
 from __future__ import annotations
@@ -14,42 +20,46 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
-import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from trainwell.backend.runtime import Runtime
+from trainwell import wiring
+from trainwell.backend.runtime import Runtime, to_device
+from trainwell.checkpoint import contents
+from trainwell.checkpoint.io import load_model_weights
+from trainwell.checkpoint.layout import TRAINER_STATE_NAME
+from trainwell.checkpoint.resume import Resume
 from trainwell.data import loaders
+from trainwell.data.train_loader import build_train_feed
 from trainwell.events.callback import TrainerCallback
 from trainwell.events.handler import CallbackHandler
-from trainwell.loop import evaluation
-from trainwell.loop.fit import FitLoop, max_steps_plan
+from trainwell.loop import boundary, evaluation
+from trainwell.loop.fit import FitLoop
 from trainwell.loop.losses import label_smoothed_loss, logits_of
+from trainwell.loop.plan import StepPlan, build_plan
+from trainwell.optim.schedulers import steps_on_metrics
 from trainwell.outputs import EvalLoopOutput, PredictionOutput, TrainOutput
 from trainwell.state import TrainerControl, TrainerState
-from trainwell.trainer_checkpointing import CheckpointMixin
-from trainwell.trainer_data import DataMixin
-from trainwell.trainer_parts import TrainerPartsMixin
 from trainwell.training_args import TrainingArguments
+from trainwell.utils import metrics as metric_utils
 from trainwell.utils import model as model_utils
-from trainwell.utils.metrics import speed_metrics
 from trainwell.utils.seed import enable_full_determinism, set_seed
 
 logger = logging.getLogger(__name__)
 
 
-class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
+class Trainer:
     """Train, evaluate and predict with any ``torch.nn.Module`` (``transformers`` models included).
 
     A drop-in for ``transformers.Trainer``: same constructor, arguments, metric names, checkpoint layout and
     callback events. See the README for the places where trainwell deliberately differs.
     """
 
-    # Set to True/False to say whether the loss from compute_loss is already normalized over the whole
-    # accumulation window (None: decided from the model and compute_loss_func).
+    #: True/False: the loss from ``compute_loss`` is already normalized over the whole accumulation window
+    #: (None: decided from the model and ``compute_loss_func``)
     loss_is_scaled_for_ga: bool | None = None
 
     def __init__(
@@ -68,150 +78,67 @@ class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
         optimizer_cls_and_kwargs: tuple[type, dict[str, Any]] | None = None,
         preprocess_logits_for_metrics: Callable | None = None,
     ) -> None:
-        if args is None:
-            args = TrainingArguments(output_dir="tmp_trainer")
-        self.args = args
+        self.args = args = args if args is not None else TrainingArguments(output_dir="tmp_trainer")
         self._seed()
         self.runtime = Runtime(args)
+        self.precision = self.runtime.precision
+        self.accelerator = self.runtime.accelerator
         # log_level on the main process, log_level_replica on the others ("passive" keeps the current level)
         logging.getLogger("trainwell").setLevel(args.get_process_log_level())
-        self.accelerator = self.runtime.accelerator
         self.model_init = model_init
         self.hp_search_backend = None
         self.is_in_train = False
-        self.model = self.model_wrapped = self._resolve_model(model)
-        self._inspect_model()
+        self._set_model(wiring.build_model(model, model_init, self.call_model_init, self.runtime.device))
         self.compute_loss_func = compute_loss_func
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.processing_class = processing_class
-        self.data_collator = data_collator if data_collator is not None else self._default_collator()
-        self.train_dataset = train_dataset
-        self.eval_dataset = eval_dataset
+        self.data_collator = data_collator if data_collator is not None else wiring.default_collator(processing_class)
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self._created_lr_scheduler = False
-        self._validate_trainer_args()
-        self.callback_handler = CallbackHandler(
-            self._default_callbacks(callbacks), self.model, processing_class, self.optimizer, self.lr_scheduler
-        )
+        self._train_batch_size = args.train_batch_size
+        self._eval_loaders = loaders.EvalLoaders()
+        wiring.check_trainer_arguments(self)
+        self.callback_handler = CallbackHandler(wiring.default_callbacks(args, self.runtime, callbacks), self.model,
+                                                processing_class, self.optimizer, self.lr_scheduler)
         if args.should_save:
             os.makedirs(args.output_dir, exist_ok=True)
-        self.control = TrainerControl()
-        self.state = TrainerState(
-            is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero()
-        )
+        self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
+                                  is_world_process_zero=self.is_world_process_zero())
         self.current_flos = 0
-        self._tokens_pending: Any = 0
-        self._loss_factor: Any = None
-        self._optimizer_has_modes = False
-        self._resumed_from: str | None = None
-        self._resume_epoch = -1
-        self._train_batch_size = args.train_batch_size
-        self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+        self.current_gradient_accumulation_steps = 1
+        self.micro_batch_loss_scale: torch.Tensor | float | None = None
+        self.training_run = None
+        self.control = self.callback_handler.on_init_end(args, self.state, TrainerControl())
         config = getattr(self.model, "config", None)
         if config is not None and hasattr(config, "use_cache"):
             config.use_cache = args.use_cache
 
-    # ------------------------------------------------------------------------------------------ set-up
     def _seed(self) -> None:
-        if self.args.full_determinism:
-            enable_full_determinism(self.args.seed)
-        else:
-            set_seed(self.args.seed)
+        seed = enable_full_determinism if self.args.full_determinism else set_seed
+        seed(self.args.seed)
 
-    def _resolve_model(self, model: nn.Module | None) -> nn.Module:
-        if model is not None and self.model_init is not None:
-            raise ValueError(
-                "Trainer got both model and model_init: pass only one (model_init builds a fresh model for each "
-                "train() call, e.g. for hyperparameter search)."
-            )
-        if model is None:
-            if self.model_init is None:
-                raise RuntimeError("Trainer requires either a model or a model_init function.")
-            model = self.call_model_init()
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
-        if not getattr(model, "hf_device_map", None):
-            model = model.to(self.runtime.device)
-        return model
+    def _set_model(self, model: nn.Module) -> None:
+        """Use ``model`` (and read what the loops need to know about it once)."""
+        self.model = self.model_wrapped = model
+        self.model_info = info = wiring.ModelInfo.of(model)
+        self.model_accepts_loss_kwargs = info.accepts_loss_kwargs
+        self.label_names = info.default_label_names if self.args.label_names is None else list(self.args.label_names)
+        self.can_return_loss = info.can_return_loss
+        self.label_smoother = wiring.label_smoothing(self.args, model)
 
-    def _inspect_model(self) -> None:
-        model = self.model
-        self.model_accepts_loss_kwargs = model_utils.accepts_loss_kwargs(model)
-        default_labels = model_utils.find_label_names(model)
-        self.label_names = default_labels if self.args.label_names is None else list(self.args.label_names)
-        self.can_return_loss = model_utils.can_return_loss(model)
-        self._loss_shifts_labels = model_utils.loss_shifts_labels(model)
-        self._signature_columns: list[str] | None = None
-        self._flops_params: int | None = None
-        self.label_smoother = None
-        if self.args.label_smoothing_factor != 0:
-            problem = getattr(getattr(model, "config", None), "problem_type", None)
-            if problem == "multi_label_classification":
-                warnings.warn(
-                    "label_smoothing_factor is ignored for a multi-label classification model (label smoothing "
-                    "only applies to single-label cross-entropy).",
-                    UserWarning,
-                )
-            else:
-                self.label_smoother = self.args.label_smoothing_factor
+    # compute_metrics is checked when it is set (in __init__ and on any later assignment), so a
+    # batch_eval_metrics mismatch fails before training rather than at the first evaluation.
+    @property
+    def compute_metrics(self) -> Callable | None:
+        return self.__dict__.get("_compute_metrics")
 
-    def _default_collator(self) -> Callable:
-        from trainwell.data.collators import DataCollatorWithPadding, default_data_collator
-
-        pc = self.processing_class
-        if pc is not None and (hasattr(pc, "pad") or getattr(pc, "pad_token_id", None) is not None):
-            return DataCollatorWithPadding(pc)
-        return default_data_collator
-
-    def _default_callbacks(self, user: list | None) -> list:
-        from trainwell.events.flow import DefaultFlowCallback
-        from trainwell.events.progress import PrinterCallback, ProgressCallback, apply_log_level
-        from trainwell.integrations import reporting_callbacks
-
-        # Set before any callback is built, so trackers and the progress display log at the chosen level.
-        apply_log_level(self.args)
-        callbacks: list[Any] = [DefaultFlowCallback]
-        callbacks += reporting_callbacks(self.args.report_to)
-        callbacks += list(user or [])
-        callbacks.append(PrinterCallback if self.args.disable_tqdm else ProgressCallback)
-        if self.args.enable_jit_checkpoint:
-            from trainwell.checkpoint.preemption import JITCheckpointCallback
-
-            distributed = self.runtime.distributed
-            callbacks.append(JITCheckpointCallback(self.runtime.reduce_sum if distributed else None))
-        return callbacks
-
-    def _validate_trainer_args(self) -> None:
-        args = self.args
-        if self.optimizer_cls_and_kwargs is not None and self.optimizer is not None:
-            raise RuntimeError("Pass either optimizers or optimizer_cls_and_kwargs to the Trainer, not both.")
-        if self.model_init is not None and (self.optimizer is not None or self.lr_scheduler is not None):
-            raise RuntimeError(
-                "optimizers cannot be combined with model_init: the optimizer must be built for each fresh model. "
-                "Override create_optimizer_and_scheduler instead."
-            )
-        strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
-        if strategy != "no" and self.eval_dataset is None:
-            raise ValueError(
-                f"eval_strategy={strategy!r} needs an eval_dataset: pass eval_dataset to the Trainer, or set "
-                "eval_strategy='no'."
-            )
-        save = getattr(args.save_strategy, "value", args.save_strategy)
-        if (save == "best" or args.load_best_model_at_end) and args.metric_for_best_model is None:
-            raise ValueError(
-                "save_strategy='best' and load_best_model_at_end need metric_for_best_model: name the metric to "
-                "compare (e.g. metric_for_best_model='loss')."
-            )
-        if self.data_collator is not None and not callable(self.data_collator):
-            raise TypeError(f"data_collator must be callable, got {type(self.data_collator).__name__}.")
-        dataset = self.train_dataset
-        if dataset is not None and not loaders.has_length(dataset) and args.max_steps <= 0:
-            raise ValueError(
-                f"max_steps={args.max_steps}: the train_dataset has no length (an IterableDataset), so the number "
-                "of steps cannot be derived from num_train_epochs. Pass max_steps > 0."
-            )
+    @compute_metrics.setter
+    def compute_metrics(self, value: Callable | None) -> None:
+        wiring.check_compute_metrics(value, bool(getattr(self.args, "batch_eval_metrics", False)))
+        self.__dict__["_compute_metrics"] = value
 
     # ------------------------------------------------------------------------------------------ callbacks
     def add_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
@@ -223,7 +150,7 @@ class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
     def remove_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
         self.callback_handler.remove_callback(callback)
 
-    # ------------------------------------------------------------------------------------------ train
+    # ------------------------------------------------------------------------------------------ training
     def train(
         self,
         resume_from_checkpoint: str | bool | None = None,
@@ -234,99 +161,115 @@ class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
         """Train the model; ``resume_from_checkpoint`` is a checkpoint path, or True for the newest complete one."""
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
-        if resume_from_checkpoint is False:
-            resume_from_checkpoint = None
         self.is_in_train = True
         if self.model_init is not None:
             self._seed()
-            self.model = self.model_wrapped = self._resolve_model(None)
-            self._inspect_model()
+            self._set_model(wiring.build_model(None, self.model_init, lambda: self.call_model_init(trial),
+                                               self.runtime.device))
             self.optimizer, self.lr_scheduler = None, None
+        if self._created_lr_scheduler:
+            self.lr_scheduler = None  # built for the previous call's length: build it again for this one
         if self.args.activation_checkpointing:
-            self._enable_activation_checkpointing()
-        resume_from_checkpoint = self._resolve_resume(resume_from_checkpoint)
+            wiring.enable_activation_checkpointing(self.model, self.args.activation_checkpointing_kwargs)
+        resume = Resume.find(resume_from_checkpoint, self.args.output_dir)
+        if resume is not None:
+            self._load_from_checkpoint(resume.path)
         try:
-            output = FitLoop(self, resume_from_checkpoint, trial, ignore_keys_for_eval).run()
+            return FitLoop(self, resume, trial, ignore_keys_for_eval).run()
         finally:
             self.is_in_train = False
-            interrupted = self._end_preemption()
-        if interrupted:  # Ctrl-C with enable_jit_checkpoint: the checkpoint is saved, now stop as Ctrl-C would
-            raise KeyboardInterrupt
-        return output
+            if wiring.end_preemption(self.callback_handler):
+                raise KeyboardInterrupt  # Ctrl-C with enable_jit_checkpoint: saved, now stop as Ctrl-C would
 
-    def _enable_activation_checkpointing(self) -> None:
-        """Turn on the model's own activation checkpointing (the newer method name first, as transformers 5)."""
-        kwargs = self.args.activation_checkpointing_kwargs or {}
-        for method_name, kwarg_name in (
-            ("activation_checkpointing_enable", "activation_checkpointing_kwargs"),
-            ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs"),
-        ):
-            method = getattr(self.model, method_name, None)
-            if callable(method):
-                method(**{kwarg_name: kwargs})
-                return
-        raise AttributeError(
-            f"activation_checkpointing=True but {type(self.model).__name__} has no activation_checkpointing_enable "
-            "or gradient_checkpointing_enable method. Add one (e.g. wrap blocks with torch.utils.checkpoint), or "
-            "set activation_checkpointing=False."
-        )
-
-    def set_initial_training_values(self, args: TrainingArguments, dataloader: Any) -> tuple:
-        """(epochs, updates per epoch, examples, samples, total batch size, micro-batches per epoch, max steps)."""
-        total_batch_size = self.get_total_train_batch_size(args)
+    def set_initial_training_values(self, args: TrainingArguments, dataloader: Any) -> StepPlan:
+        """The run's step arithmetic; unpacks as the reference's 7-tuple (see ``trainwell.loop.plan``)."""
         sized = loaders.has_length(dataloader)
-        plan = max_steps_plan(args, len(dataloader) if sized else None, total_batch_size)
-        num_examples = self.num_examples(dataloader) if sized else total_batch_size * plan["max_steps"]
-        samples = plan["samples"]
-        if samples is None:
-            samples = num_examples * args.num_train_epochs
-        return (plan["epochs"], plan["updates_per_epoch"], num_examples, samples, total_batch_size,
-                plan["steps_in_epoch"], plan["max_steps"])
+        return build_plan(args, len(dataloader) if sized else None, self.num_examples(dataloader) if sized else None,
+                          self.get_total_train_batch_size(args))
 
     def get_total_train_batch_size(self, args: TrainingArguments) -> int:
         return self._train_batch_size * args.gradient_accumulation_steps * self.runtime.num_processes
 
-    def _num_train_epochs(self, max_steps: int, upe: int) -> int:
-        return max_steps // upe + int(max_steps % upe > 0)
+    def num_examples(self, dataloader: Any) -> int:
+        return loaders.num_examples(dataloader, self.args.per_device_train_batch_size)
 
-    def _prepare_for_training(self, max_steps: int, train_dataloader: Any, resume: str | None) -> nn.Module:
+    def call_model_init(self, trial: Any = None) -> nn.Module:
+        return wiring.call_model_init(self.model_init, trial)
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        self.create_optimizer()
+        self.create_scheduler(num_training_steps=num_training_steps, optimizer=self.optimizer)
+
+    def create_optimizer(self) -> torch.optim.Optimizer:
+        """Build the optimizer from ``optim`` (or ``optimizer_cls_and_kwargs``) with weight-decay groups."""
         if self.optimizer is None:
-            self.create_optimizer()
-        model = self.runtime.prepare_model(self.model)
-        self.model_wrapped = model
-        if type(self.optimizer).__name__ != "AcceleratedOptimizer":
-            self.optimizer = self.runtime.prepare_optimizer(self.optimizer)
-        if self._created_lr_scheduler or self.lr_scheduler is None:
-            self.lr_scheduler = None
-            self.create_scheduler(num_training_steps=max_steps, optimizer=self.optimizer)
-        inner = getattr(self.optimizer, "optimizer", self.optimizer)
-        self._optimizer_has_modes = callable(getattr(inner, "train", None)) and callable(getattr(inner, "eval", None))
-        if resume is not None:
-            self._load_optimizer_and_scheduler(resume)
-        handler = self.callback_handler
-        handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
-        handler.train_dataloader = train_dataloader
-        return model
+            from trainwell.optim.registry import create_optimizer
 
-    # ------------------------------------------------------------------------------------------ steps
+            self.optimizer = create_optimizer(self.model, self.args, self.optimizer_cls_and_kwargs)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
+        """Build the LR schedule of ``lr_scheduler_type`` over ``num_training_steps`` (once per train())."""
+        if self.lr_scheduler is None:
+            from trainwell.optim.schedulers import scheduler_for_args
+
+            optimizer = optimizer if optimizer is not None else self.optimizer
+            self.lr_scheduler = scheduler_for_args(self.args, optimizer, num_training_steps)
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    @staticmethod
+    def get_optimizer_cls_and_kwargs(args: Any, model: nn.Module | None = None) -> tuple[type, dict[str, Any]]:
+        from trainwell.optim.registry import get_optimizer_cls_and_kwargs
+
+        return get_optimizer_cls_and_kwargs(args, model)
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        from trainwell.optim.param_groups import get_decay_parameter_names
+
+        return get_decay_parameter_names(model)
+
+    def _get_learning_rate(self) -> float:
+        if steps_on_metrics(self.lr_scheduler):
+            return self.optimizer.param_groups[0]["lr"]
+        return self.lr_scheduler.get_last_lr()[0]
+
+    def get_learning_rates(self) -> list[float]:
+        return [group["lr"] for group in self._created_optimizer().param_groups]
+
+    def get_optimizer_group(self, param: torch.nn.Parameter | None = None) -> Any:
+        groups = self._created_optimizer().param_groups
+        if param is None:
+            return [group["params"] for group in groups]
+        return next((group for group in groups if any(p is param for p in group["params"])), None)
+
+    def _created_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise ValueError("The optimizer is not created yet: call create_optimizer() or train() first.")
+        return self.optimizer
+
+    def get_num_trainable_parameters(self) -> int:
+        return model_utils.num_parameters(self.model, trainable_only=True)
+
+    # ------------------------------------------------------------------------------------------ one step
     def training_step(
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
     ) -> torch.Tensor:
         """Forward, loss, backward for one micro-batch; returns the detached loss as it was backpropagated.
 
-        The loss is multiplied by this micro-batch's share of the accumulation window (see
-        ``trainwell.loop.accumulation``), so the returned values of a window sum to the window's loss.
+        The loss is multiplied by ``micro_batch_loss_scale``, this micro-batch's share of the accumulation window
+        (see ``trainwell.loop.accumulation``), so the returned values of a window sum to the window's loss.
         """
         if not model.training:  # model.train() walks every submodule: only pay for it after an evaluation
             model.train()
-        if self._optimizer_has_modes:
+        if self.training_run is not None and self.training_run.optimizer_has_modes:
             self.optimizer.train()  # schedule-free optimizers keep separate train/eval weights
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
-        if self._loss_factor is not None:
-            loss = loss * self._loss_factor
-        self.runtime.backward(loss)
+        if self.micro_batch_loss_scale is not None:
+            loss = loss * self.micro_batch_loss_scale
+        self.precision.backward(loss)
         return loss.detach()
 
     def compute_loss(
@@ -336,7 +279,11 @@ class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
         return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
-        """The loss of one batch: ``compute_loss_func``, label smoothing, or the model's own loss."""
+        """The loss of one batch: ``compute_loss_func``, label smoothing, or the model's own loss.
+
+        ``num_items_in_batch`` (the accumulation window's loss items) goes to a model that accepts it and to
+        ``compute_loss_func``; the caller's ``inputs`` are never modified.
+        """
         labels = None
         if (self.label_smoother is not None or self.compute_loss_func is not None) and "labels" in inputs:
             inputs = dict(inputs)
@@ -347,19 +294,19 @@ class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
         if self.compute_loss_func is not None:
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
         elif labels is not None:
-            loss = label_smoothed_loss(
-                logits_of(outputs), labels, self.label_smoother, shift_labels=self._loss_shifts_labels,
-                num_items_in_batch=num_items_in_batch,
-            )
+            loss = label_smoothed_loss(logits_of(outputs), labels, self.label_smoother,
+                                       shift_labels=self.model_info.shifts_labels,
+                                       num_items_in_batch=num_items_in_batch)
         else:
             loss = model_utils.extract_loss(outputs)
         return (loss, outputs) if return_outputs else loss
 
     def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
-        """Context for the forward pass (mixed precision is applied by Accelerate when the model is prepared)."""
-        return contextlib.nullcontext()
+        """The context of the forward pass: ``autocast_smart_context_manager``'s."""
+        return self.autocast_smart_context_manager()
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
+        """A no-op, as in the reference: the prepared model's ``forward`` already runs under the autocast."""
         return contextlib.nullcontext()
 
     def _prepare_inputs(self, inputs: Any) -> Any:
@@ -370,53 +317,64 @@ class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
                 "model's forward arguments, or pass remove_unused_columns=False."
             )
         device = self.runtime.device
-        if device.type == "cpu":
-            return inputs  # CPU batches are already in place; skipping the walk saves per-step overhead
-        return _to_device(inputs, device)
+        return inputs if device.type == "cpu" else to_device(inputs, device)  # CPU batches are in place already
 
-    # ------------------------------------------------------------------------------------------ evaluate
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """6 × input tokens × non-embedding parameters, for models that report ``num_parameters`` (else 0)."""
+        return self.model_info.floating_point_ops(self.model, inputs)
+
+    # The loop skips this default when the model reports no size (it would add 0 per micro-batch).
+    floating_point_ops.is_trainwell_default = True  # type: ignore[attr-defined]
+
+    def store_flos(self) -> None:
+        flos = torch.tensor(float(self.current_flos), device=self.runtime.device)
+        self.state.total_flos += float(self.runtime.reduce_sum(flos).item())
+        self.current_flos = 0
+
+    # ------------------------------------------------------------------------------------------ logging
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Record ``logs`` (plus ``epoch`` and token counts) in ``state.log_history`` and fire ``on_log``."""
+        boundary.log(self, logs, start_time)
+
+    def _maybe_log_save_evaluate(
+        self, tr_loss: Any, grad_norm: Any, model: nn.Module, trial: Any, epoch: int,
+        ignore_keys_for_eval: Any, start_time: float, learning_rate: float | None = None,
+    ) -> None:
+        """At a step or epoch boundary: log, then evaluate, then save — as the control flags say."""
+        boundary.maybe_log_save_evaluate(self, tr_loss, grad_norm, model, trial, ignore_keys_for_eval, start_time,
+                                         learning_rate)
+
+    def _evaluate(self, trial: Any, ignore_keys_for_eval: Any, skip_scheduler: bool = False) -> dict[str, float]:
+        return boundary.evaluate_in_training(self, ignore_keys_for_eval, skip_scheduler)
+
+    def _determine_best_metric(self, metrics: dict[str, float], trial: Any = None) -> bool:
+        """Update ``best_metric``/``best_global_step``; True when this evaluation is the best so far."""
+        return boundary.determine_best_metric(self, metrics)
+
+    def log_metrics(self, split: str, metrics: dict[str, Any]) -> None:
+        if self.is_world_process_zero():
+            metric_utils.log_metrics(split, metrics)
+
+    def save_metrics(self, split: str, metrics: dict[str, Any], combined: bool = True) -> None:
+        if self.is_world_process_zero():
+            metric_utils.save_metrics(self.args.output_dir, split, metrics, combined)
+
+    @staticmethod
+    def metrics_format(metrics: dict[str, Any]) -> dict[str, Any]:
+        return metric_utils.metrics_format(metrics)
+
+    # ------------------------------------------------------------------------------------------ evaluation
     def evaluate(
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
     ) -> dict[str, float]:
         """Evaluate and return metrics prefixed ``{metric_key_prefix}_``; a dict of datasets evaluates each."""
-        override = eval_dataset is not None
-        dataset = eval_dataset if override else self.eval_dataset
-        if isinstance(dataset, dict):
-            metrics: dict[str, float] = {}
-            for name, data in dataset.items():
-                metrics.update(self.evaluate(data if override else name, ignore_keys, f"{metric_key_prefix}_{name}"))
-            return metrics
-        dataloader = self.get_eval_dataloader(eval_dataset)
-        start = time.time()
-        output = self.evaluation_loop(
-            dataloader, "Evaluation", prediction_loss_only=True if self.compute_metrics is None else None,
-            ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix,
-        )
-        metrics = dict(output.metrics)
-        metrics.update(self._eval_speed(metric_key_prefix, start, output.num_samples))
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
-        if self.state.epoch is not None:
-            metrics["epoch"] = self.state.epoch  # the reference's evaluate() returns it too
-        return metrics
+        return evaluation.evaluate(self, eval_dataset, ignore_keys, metric_key_prefix)
 
     def predict(
         self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
     ) -> PredictionOutput:
         """Predictions (in dataset order), label ids when present, and ``test_`` metrics."""
-        dataloader = self.get_test_dataloader(test_dataset)
-        start = time.time()
-        output = self.evaluation_loop(
-            dataloader, "Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
-        )
-        metrics = dict(output.metrics)
-        metrics.update(self._eval_speed(metric_key_prefix, start, output.num_samples))
-        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=metrics)
-        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=metrics)
-
-    def _eval_speed(self, prefix: str, start: float, num_samples: int) -> dict[str, float]:
-        batch = self.args.eval_batch_size * self.runtime.num_processes
-        return speed_metrics(prefix, start, num_samples=num_samples, num_steps=-(-num_samples // batch))
+        return evaluation.predict(self, test_dataset, ignore_keys, metric_key_prefix)
 
     def evaluation_loop(
         self,
@@ -426,60 +384,112 @@ class Trainer(DataMixin, CheckpointMixin, TrainerPartsMixin):
         ignore_keys: list[str] | None = None,
         metric_key_prefix: str = "eval",
     ) -> EvalLoopOutput:
-        return evaluation.evaluation_loop(
-            self, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
-        )
+        return evaluation.evaluation_loop(self, dataloader, description, prediction_loss_only, ignore_keys,
+                                          metric_key_prefix)
 
     def prediction_step(
-        self,
-        model: nn.Module,
-        inputs: dict[str, Any],
-        prediction_loss_only: bool,
-        ignore_keys: list[str] | None = None,
+        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """(loss, logits, labels) for one batch, without gradients."""
-        has_labels = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
-        return_loss = inputs.get("return_loss", None)
-        if return_loss is None:
-            return_loss = self.can_return_loss
-        loss_without_labels = not self.label_names and bool(return_loss)
-        inputs = self._prepare_inputs(inputs)
-        if ignore_keys is None:
-            config = getattr(model_utils.unwrap(model), "config", None)
-            ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"])) if config else []
-        labels = None
-        if has_labels or loss_without_labels:
-            labels = tuple(inputs.get(name) for name in self.label_names)
-            labels = labels[0] if len(labels) == 1 else (labels or None)
-        with torch.no_grad():
-            if has_labels or loss_without_labels:
-                with self.compute_loss_context_manager():
-                    loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
-                loss = loss.detach().mean()
-                logits = model_utils.output_items(outputs, ignore_keys)
-                if isinstance(outputs, (tuple, list)):
-                    logits = logits[1:]
-            else:
-                loss = None
-                outputs = model_utils.call_forward(model, inputs)
-                logits = model_utils.output_items(outputs, ignore_keys)
-        if prediction_loss_only:
-            return loss, None, None
-        logits = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in logits)
-        if len(logits) == 1:
-            logits = logits[0]
-        elif len(logits) == 0:
-            logits = None
-        labels = labels.detach() if isinstance(labels, torch.Tensor) else labels
-        return loss, logits, labels
+        return evaluation.prediction_step(self, model, inputs, prediction_loss_only, ignore_keys)
 
+    # ------------------------------------------------------------------------------------------ data
+    def get_train_dataloader(self) -> Any:
+        """The training loader: seeded resumable sampler, collator, worker seeding; prepared by the runtime."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer.train() needs a train_dataset: pass it to the Trainer.")
+        dataset, collator = loaders.without_unused_columns(self.train_dataset, self.data_collator, self._columns())
+        feed = build_train_feed(dataset, collator, self._get_train_sampler(dataset), self.args, self.runtime,
+                                self._train_batch_size)
+        return feed.loader
 
-def _to_device(data: Any, device: torch.device) -> Any:
-    if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=True)
-    if isinstance(data, dict):
-        return type(data)({k: _to_device(v, device) for k, v in data.items()})
-    if isinstance(data, (list, tuple)):
-        return type(data)(_to_device(v, device) for v in data)
-    return data
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        group = self._train_batch_size * self.args.gradient_accumulation_steps
+        return loaders.sampler_for_training(dataset, self.args, group, self.processing_class,
+                                            self.model_info.main_input_name)
 
+    def _columns(self) -> list[str] | None:
+        """The sample keys ``remove_unused_columns`` keeps (None: it is off)."""
+        return self.model_info.signature_columns(self.label_names) if self.args.remove_unused_columns else None
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """The evaluation loader (dataset order); ``eval_dataset`` may be a dataset or a key of a dict of them."""
+        dataset = loaders.pick_eval_dataset(eval_dataset, self.eval_dataset)
+        return self._eval_loaders.get(dataset, self.data_collator, self._columns(), self.args, self.runtime)
+
+    def get_test_dataloader(self, test_dataset: Any) -> Any:
+        return self._eval_loaders.get(test_dataset, self.data_collator, self._columns(), self.args, self.runtime)
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        if self.training_run is not None:
+            self.training_run.flush_tokens(self)
+        self.store_flos()
+        contents.save_checkpoint(self, self._get_output_dir(trial))
+
+    def _get_output_dir(self, trial: Any) -> str:
+        return self.args.output_dir
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Write the model (safetensors), processing class and training args to ``output_dir``."""
+        self._save(output_dir)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        if self.args.should_save:
+            contents.save_model_files(self, output_dir or self.args.output_dir, state_dict)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        contents.save_optimizer_and_scheduler(self, output_dir)
+
+    def _save_scaler(self, output_dir: str) -> None:
+        contents.save_scaler(self, output_dir)
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        contents.save_rng_and_data_position(self, output_dir)
+
+    def save_state(self) -> None:
+        """Write ``trainer_state.json`` into ``output_dir``."""
+        if self.args.should_save:
+            self.state.record_callback_states(self.callback_handler.callbacks + [self.control])
+            os.makedirs(self.args.output_dir, exist_ok=True)
+            self.state.save_to_json(os.path.join(self.args.output_dir, TRAINER_STATE_NAME))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        load_model_weights(model_utils.unwrap(model if model is not None else self.model), resume_from_checkpoint)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str) -> None:
+        contents.load_optimizer_and_scheduler(self, checkpoint)
+
+    def _load_scaler(self, checkpoint: str) -> None:
+        contents.load_scaler(self, checkpoint)
+
+    def _load_rng_state(self, checkpoint: str) -> None:
+        contents.load_rng_state(self, checkpoint)
+
+    def _load_callback_state(self) -> None:
+        contents.load_callback_state(self)
+
+    def _load_best_model(self) -> None:
+        best = self.state.best_model_checkpoint
+        logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
+        load_model_weights(model_utils.unwrap(self.model), best, strict=False)
+
+    # ------------------------------------------------------------------------------------------ misc
+    def is_local_process_zero(self) -> bool:
+        return self.runtime.is_local_main_process
+
+    def is_world_process_zero(self) -> bool:
+        return self.runtime.is_main_process
+
+    def end(self) -> None:
+        """Release the runtime (trackers, process group)."""
+        self.runtime.end()
+
+    def hyperparameter_search(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("Trainer.hyperparameter_search is not implemented in trainwell yet.")
+
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "trainwell never uploads to the Hugging Face Hub: save_model() and push the folder with huggingface_hub."
+        )

@@ -26,7 +26,7 @@ def _in_checkpoint(path: str, step: int) -> bool:
 
 def _die_inside_save(step: int, file_name: str) -> None:
     """SIGKILL this process right after ``file_name`` of checkpoint ``step`` is complete on disk."""
-    from trainwell import trainer_checkpointing
+    from trainwell.checkpoint import contents
     from trainwell.state import TrainerState
 
     _original_hook(step, file_name)  # optimizer.pt, scheduler.pt, rng_state*.pth, data_state*.pth
@@ -35,13 +35,13 @@ def _die_inside_save(step: int, file_name: str) -> None:
         if os.path.basename(str(path)) == file_name and _in_checkpoint(path, step):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    save_weights = trainer_checkpointing.save_model_weights
+    save_weights = contents.save_model_weights
 
     def save_model_weights(model, directory, state_dict=None):
         save_weights(model, directory, state_dict=state_dict)
         die_if(os.path.join(str(directory), "model.safetensors"))
 
-    write_json = trainer_checkpointing.write_json
+    write_json = contents.write_json
 
     def write_json_then_maybe_die(obj, path):
         write_json(obj, path)
@@ -53,8 +53,8 @@ def _die_inside_save(step: int, file_name: str) -> None:
         save_state(self, json_path)
         die_if(json_path)
 
-    trainer_checkpointing.save_model_weights = save_model_weights
-    trainer_checkpointing.write_json = write_json_then_maybe_die
+    contents.save_model_weights = save_model_weights
+    contents.write_json = write_json_then_maybe_die
     TrainerState.save_to_json = save_to_json
 
 

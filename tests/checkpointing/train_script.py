@@ -64,9 +64,9 @@ class SlowSteps(TrainerCallback):
 
 def _die_inside_save(step: int, file_name: str) -> None:
     """SIGKILL this process right after ``file_name`` is written in the save of ``step`` (a crash mid-save)."""
-    from trainwell.checkpoint import training_state
+    from trainwell.checkpoint import contents
 
-    original = training_state.torch_save
+    original = contents.torch_save
 
     def torch_save(obj, path):
         original(obj, path)
@@ -74,7 +74,7 @@ def _die_inside_save(step: int, file_name: str) -> None:
         if os.path.basename(str(path)) == file_name and folder.endswith(f"checkpoint-{step}"):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    training_state.torch_save = torch_save
+    contents.torch_save = torch_save
 
 
 def _dataset(kind: str):

@@ -47,7 +47,8 @@ def token_metrics(pred):
     logits, labels = pred.predictions, pred.label_ids
     mask = labels != -100
     return {"accuracy": float((logits.argmax(-1)[mask] == labels[mask]).mean()), "n": len(labels),
-            "loss_sum": float(np.sum(pred.losses)), "inputs_sum": int(np.sum(np.where(pred.inputs >= 0, pred.inputs, 0)))}
+            "loss_sum": float(np.sum(pred.losses)),
+            "inputs_sum": int(np.sum(np.where(pred.inputs >= 0, pred.inputs, 0)))}
 
 
 class BatchMAE:
@@ -115,11 +116,14 @@ def run(workdir: str) -> dict:
     results["stream"] = trainer.evaluate(Stream())
     results["stream_pred"] = trainer.predict(Stream()).predictions.tolist()
 
-    trainer = Trainer(model=regression, args=TrainingArguments(**common, batch_eval_metrics=True), compute_metrics=BatchMAE())
+    trainer = Trainer(model=regression, args=TrainingArguments(**common, batch_eval_metrics=True),
+                      compute_metrics=BatchMAE())
     results["batch_metrics"] = trainer.evaluate(RegressionDataset(length=23, seed=5))
-    trainer = Trainer(model=regression, args=TrainingArguments(**common, eval_use_gather_object=True), compute_metrics=mae)
+    trainer = Trainer(model=regression, args=TrainingArguments(**common, eval_use_gather_object=True),
+                      compute_metrics=mae)
     results["gather_object"] = trainer.evaluate(RegressionDataset(length=23, seed=5))
-    trainer = Trainer(model=regression, args=TrainingArguments(**common, dataloader_drop_last=True), compute_metrics=mae)
+    trainer = Trainer(model=regression, args=TrainingArguments(**common, dataloader_drop_last=True),
+                      compute_metrics=mae)
     results["drop_last"] = trainer.evaluate(RegressionDataset(length=23, seed=5))
     results["iterable_train"] = train_on_stream(workdir)
     for value in results.values():

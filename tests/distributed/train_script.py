@@ -37,7 +37,8 @@ def main() -> None:
         predict_data = RegressionDataset(length=23, seed=6)
     else:
         torch.manual_seed(0)
-        model, data, eval_data = TinyTokenLM(), VariableLengthTokenDataset(n=32), VariableLengthTokenDataset(n=16, seed=3)
+        model, data = TinyTokenLM(), VariableLengthTokenDataset(n=32)
+        eval_data = VariableLengthTokenDataset(n=16, seed=3)
         predict_data = VariableLengthTokenDataset(n=13, seed=4)
     args = TrainingArguments(
         output_dir=cli.workdir, per_device_train_batch_size=cli.batch, gradient_accumulation_steps=cli.ga,

@@ -1,8 +1,9 @@
 """The runtime: the one place that talks to ``accelerate``.
 
-Owns building the ``Accelerator`` from ``TrainingArguments`` (device, precision, DDP settings, process group)
-and the handful of operations the loops need from it (prepare, backward, clip, no_sync, gather, reduce,
-barrier). The loops read this object, never ``args.fp16``/``args.use_cpu``: flags become objects here, once.
+Owns building the ``Accelerator`` from ``TrainingArguments`` (device, DDP settings, process group, and the
+``Precision`` of ``trainwell.backend.precision``) and the handful of operations the loops need from it
+(prepare, no_sync, gather, reduce, barrier). The loops read these objects, never ``args.fp16`` or
+``args.use_cpu``: flags become objects here, once.
 
 Multi-process training is whatever Accelerate sets up from ``torchrun`` / ``accelerate launch``; there is no
 home-made distributed layer.
@@ -13,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-from typing import Any, Iterator
+from typing import Any
 
 import torch
+
+from trainwell.backend.precision import Precision
 
 logger = logging.getLogger(__name__)
 
@@ -113,16 +116,7 @@ class Runtime:
         if self.distributed:
             _destroy_process_group_at_exit()
         self.mixed_precision: str = str(self.accelerator.mixed_precision)
-        from accelerate.utils import DistributedType
-
-        self._plain_backward = self.accelerator.scaler is None and self.accelerator.distributed_type in (
-            DistributedType.NO,
-            DistributedType.MULTI_CPU,
-            DistributedType.MULTI_GPU,
-        )
-        if getattr(args, "tf32", None) is not None and self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
-            torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+        self.precision = Precision(self.accelerator, args)
 
     # ----------------------------------------------------------------------------------------- preparation
     def prepare_model(self, model: torch.nn.Module, evaluation_mode: bool = False) -> torch.nn.Module:
@@ -135,7 +129,7 @@ class Runtime:
         Otherwise the optimizer is returned as is: the wrapper's ``step`` re-checks optional packages on the
         file system at every call, which costs more than a tiny model's whole optimizer step.
         """
-        if self._plain_backward:
+        if self.precision.direct or type(optimizer).__name__ == "AcceleratedOptimizer":
             return optimizer
         return self.accelerator.prepare_optimizer(optimizer)
 
@@ -153,35 +147,11 @@ class Runtime:
         return self.accelerator.unwrap_model(model)
 
     # ----------------------------------------------------------------------------------------- the step
-    def backward(self, loss: torch.Tensor) -> None:
-        # Accelerate's backward re-checks optional packages (a filesystem lookup) on every call; without a
-        # grad scaler or DeepSpeed it ends in loss.backward() anyway, so call that directly.
-        if self._plain_backward:
-            loss.backward()
-        else:
-            self.accelerator.backward(loss)
-
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         """Skip the gradient all-reduce for a micro-batch that is not the last of its window."""
         if not self.distributed:
             return contextlib.nullcontext()
         return self.accelerator.no_sync(model)
-
-    def clip_grad_norm_(self, parameters: Iterator[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-        """Clip (unscaling fp16 gradients first) and return the total norm as a tensor; no host sync."""
-        if self._plain_backward:
-            # Nothing to unscale and no sharded parameters: torch's clip is what Accelerate would call, without
-            # its per-call walk over the model's modules.
-            return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-        return self.accelerator.clip_grad_norm_(parameters, max_norm)
-
-    @property
-    def optimizer_step_was_skipped(self) -> bool:
-        return self.accelerator.optimizer_step_was_skipped
-
-    @property
-    def scaler(self) -> Any:
-        return self.accelerator.scaler
 
     # ----------------------------------------------------------------------------------------- collectives
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -212,6 +182,17 @@ class Runtime:
 
     def end(self) -> None:
         self.accelerator.end_training()
+
+
+def to_device(data: Any, device: torch.device) -> Any:
+    """``data`` (tensors, nested in dicts, lists and tuples) on ``device``; other values as they are."""
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, dict):
+        return type(data)({k: to_device(v, device) for k, v in data.items()})
+    if isinstance(data, (list, tuple)):
+        return type(data)(to_device(v, device) for v in data)
+    return data
 
 
 def _precision_from_flags(args: Any) -> str:

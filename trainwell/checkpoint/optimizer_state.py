@@ -47,7 +47,8 @@ def align_optimizer_state(
     kept = [i for i, g in enumerate(saved["param_groups"]) if g["params"]]
     non_empty = [saved["param_groups"][i] for i in kept]
     if _group_sizes(non_empty) == _group_sizes(current):
-        logger.info("Optimizer state: dropped %d empty saved parameter group(s).", len(saved["param_groups"]) - len(kept))
+        logger.info("Optimizer state: dropped %d empty saved parameter group(s).",
+                    len(saved["param_groups"]) - len(kept))
         return {**saved, "param_groups": non_empty}, kept
     params = [p for g in current for p in g["params"]]
     saved_count = sum(_group_sizes(saved["param_groups"]))

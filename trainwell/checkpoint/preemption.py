@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainwell.events.callback import TrainerCallback
 

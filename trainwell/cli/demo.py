@@ -93,7 +93,7 @@ def _eval_losses(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
 
 def run(ns: argparse.Namespace) -> int:
     _check_device(ns.device)
-    from trainwell.checkpoint.layout import get_last_checkpoint
+    from trainwell.checkpoint.resume import get_last_checkpoint
     from trainwell.examples.bytedata import ByteBlocks, stdlib_corpus
     from trainwell.examples.bytelm import build_model
     from trainwell.utils.seed import set_seed

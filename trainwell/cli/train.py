@@ -39,7 +39,7 @@ def prepare(config_path: str, overrides: list[str]) -> tuple[dict[str, Any], Any
 
 
 def _resume_target(value: Any, output_dir: str) -> Any:
-    from trainwell.checkpoint.layout import get_last_checkpoint
+    from trainwell.checkpoint.resume import get_last_checkpoint
 
     if value in (None, False):
         return None

@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
 
@@ -186,3 +187,80 @@ def build_eval_dataloader(
     batches = EvalShardBatchSampler(len(dataset), batch_size, rank, world, drop_last=args.dataloader_drop_last)
     kwargs = _worker_kwargs(args, rank)
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn, **kwargs)
+
+
+def without_unused_columns(dataset: Any, collator: Callable, columns: Sequence[str] | None) -> tuple[Any, Callable]:
+    """(dataset, collator) with sample keys outside ``columns`` dropped (``columns=None``: keep everything).
+
+    A ``datasets.Dataset`` loses the columns themselves; any other dataset keeps them and the collator drops
+    the keys per batch.
+    """
+    if columns is None:
+        return dataset, collator
+    if is_hf_dataset(dataset):
+        return remove_hf_columns(dataset, columns), collator
+    return dataset, RemoveColumnsCollator(collator, columns)
+
+
+def sampler_for_training(dataset: Any, args: Any, group_size: int, processing_class: Any, model_input: str) -> Any:
+    """The training sampler of ``train_sampling_strategy`` (None for iterable data, which has no sampler).
+
+    ``group_by_length`` measures lengths on the processing class's first input name, else the model's main input.
+    """
+    strategy = getattr(args.train_sampling_strategy, "value", args.train_sampling_strategy)
+    if is_iterable(dataset):
+        if strategy not in ("random", "sequential"):
+            logger.warning("train_sampling_strategy=%r is ignored: an iterable dataset has no sampler.", strategy)
+        return None
+    names = getattr(processing_class, "model_input_names", None) if processing_class is not None else None
+    return train_sampler(dataset, args, batch_size=group_size, input_name=names[0] if names else model_input)
+
+
+def pick_eval_dataset(eval_dataset: Any, default: Any) -> Any:
+    """The dataset ``get_eval_dataloader(eval_dataset)`` evaluates: the argument, a key of the Trainer's dict of
+    eval datasets, or the Trainer's own."""
+    if eval_dataset is None and default is None:
+        raise ValueError("Trainer.evaluate() needs an eval_dataset: pass it to the Trainer or to evaluate().")
+    if isinstance(eval_dataset, str):
+        if not isinstance(default, dict) or eval_dataset not in default:
+            names = sorted(default) if isinstance(default, dict) else []
+            raise KeyError(f"eval_dataset={eval_dataset!r} is not one of the Trainer's eval datasets {names}.")
+        return default[eval_dataset]
+    return eval_dataset if eval_dataset is not None else default
+
+
+class EvalLoaders:
+    """Builds evaluation loaders; with ``dataloader_persistent_workers`` keeps one per dataset, so its worker
+    processes survive between evaluations (the point of the option)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[Any, Any]] = {}
+
+    def get(self, dataset: Any, collator: Callable, columns: Sequence[str] | None, args: Any, runtime: Any) -> Any:
+        """The loader of ``dataset`` in dataset order, sharded without duplicates across processes.
+
+        ``columns``: the sample keys to keep (see :func:`without_unused_columns`).
+        """
+        persistent = args.dataloader_persistent_workers and args.dataloader_num_workers > 0
+        kept = self._kept.get(id(dataset))
+        if persistent and kept is not None and kept[0] is dataset:
+            return kept[1]
+        original = dataset
+        dataset, collator = without_unused_columns(dataset, collator, columns)
+        loader = build_eval_dataloader(
+            dataset, batch_size=args.eval_batch_size, collate_fn=collator, args=args,
+            rank=runtime.process_index, world=runtime.num_processes,
+        )
+        if not runtime.distributed:  # sharded loaders are never handed to Accelerate (it would add duplicates)
+            loader = runtime.prepare_dataloader(loader)
+        if persistent:
+            self._kept[id(original)] = (original, loader)
+        return loader
+
+
+def num_examples(dataloader: Any, default_batch_size: int) -> int:
+    """Samples in the loader's dataset (or batches × batch size when the dataset has no length)."""
+    dataset = getattr(dataloader, "dataset", None)
+    if has_length(dataset):
+        return len(dataset)
+    return len(dataloader) * (getattr(dataloader, "batch_size", None) or default_batch_size)

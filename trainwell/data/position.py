@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 class DataPosition:

@@ -117,9 +117,7 @@ class CallbackHandler(TrainerCallback):
         return self.call_event("on_epoch_end", args, state, control, **kwargs)
 
     def on_step_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
-        control.should_log = False
-        control.should_evaluate = False
-        control.should_save = False
+        control._new_step()
         return self.call_event("on_step_begin", args, state, control, **kwargs)
 
     def on_pre_optimizer_step(
@@ -198,7 +196,6 @@ class CallbackHandler(TrainerCallback):
                 )
             control = result
         return control
-
 
     def has_listeners(self, event: str) -> bool:
         """Whether any callback implements ``event`` (lets hot loops skip events nobody listens to)."""

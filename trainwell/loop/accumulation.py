@@ -25,7 +25,8 @@ micro-batch losses, i.e. exactly L, the quantity whose gradient was applied.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

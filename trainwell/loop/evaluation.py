@@ -1,8 +1,10 @@
-"""The evaluation / prediction loop.
+"""Evaluation and prediction: ``evaluate()``, ``predict()``, the evaluation loop and one prediction step.
 
-Owns walking an evaluation data loader: ``Trainer.prediction_step`` per batch (so overrides are honoured),
-``preprocess_logits_for_metrics`` per batch, gathering across processes, moving outputs to the host and
-computing metrics — once at the end, or per batch with ``batch_eval_metrics``.
+Owns the default bodies of the Trainer's ``evaluate``, ``predict``, ``evaluation_loop`` and
+``prediction_step``: walking an evaluation data loader with ``prediction_step`` per batch (through the
+Trainer, so overrides are honoured), ``preprocess_logits_for_metrics`` per batch, gathering across
+processes, moving outputs to the host and computing metrics — once at the end, or per batch with
+``batch_eval_metrics`` — then the speed metrics and the ``on_evaluate``/``on_predict`` events.
 
 Memory model (see ``docs/evaluation.md``): gathered outputs wait on the device for at most
 ``eval_accumulation_steps`` batches (1 when unset), then each output is written into one host array
@@ -17,7 +19,9 @@ of each process are real, so metrics and ``eval_loss`` cover exactly the dataset
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,19 +30,61 @@ from trainwell.data.loaders import has_length
 from trainwell.data.sharding import step_counts
 from trainwell.loop.accumulation import find_batch_size
 from trainwell.loop.gather import OutputAccumulator, make_gatherer, to_numpy
-from trainwell.outputs import EvalLoopOutput, EvalPrediction
+from trainwell.loop.progress import has_train_eval_modes
+from trainwell.outputs import EvalLoopOutput, EvalPrediction, PredictionOutput
 from trainwell.utils import model as model_utils
-from trainwell.utils.metrics import finite_mean, to_python
+from trainwell.utils.metrics import finite_mean, speed_metrics, to_python
+from trainwell.wiring import check_compute_metrics
 
 if TYPE_CHECKING:
-    from trainwell.trainer import Trainer
+    from trainwell.hooks import TrainerHooks
 
 # Index of each output in the per-step list that is gathered and accumulated.
 LOSSES, PREDS, LABELS, INPUTS = range(4)
 
 
+def evaluate(hooks: TrainerHooks, eval_dataset: Any, ignore_keys: list[str] | None, prefix: str) -> dict[str, float]:
+    """Metrics of one evaluation, each prefixed ``{prefix}_``; a dict of datasets evaluates each one."""
+    given = eval_dataset is not None
+    dataset = eval_dataset if given else hooks.eval_dataset
+    if isinstance(dataset, dict):
+        metrics: dict[str, float] = {}
+        for name, data in dataset.items():
+            metrics.update(hooks.evaluate(data if given else name, ignore_keys, f"{prefix}_{name}"))
+        return metrics
+    dataloader = hooks.get_eval_dataloader(eval_dataset)
+    start = time.time()
+    output = hooks.evaluation_loop(
+        dataloader, "Evaluation", prediction_loss_only=True if hooks.compute_metrics is None else None,
+        ignore_keys=ignore_keys, metric_key_prefix=prefix,
+    )
+    metrics = dict(output.metrics)
+    metrics.update(_speed(hooks, prefix, start, output.num_samples))
+    hooks.log(metrics)
+    hooks.control = hooks.callback_handler.on_evaluate(hooks.args, hooks.state, hooks.control, metrics=metrics)
+    if hooks.state.epoch is not None:
+        metrics["epoch"] = hooks.state.epoch  # the reference's evaluate() returns it too
+    return metrics
+
+
+def predict(hooks: TrainerHooks, test_dataset: Any, ignore_keys: list[str] | None, prefix: str) -> PredictionOutput:
+    """Predictions (in dataset order), label ids when present, and ``{prefix}_`` metrics."""
+    dataloader = hooks.get_test_dataloader(test_dataset)
+    start = time.time()
+    output = hooks.evaluation_loop(dataloader, "Prediction", ignore_keys=ignore_keys, metric_key_prefix=prefix)
+    metrics = dict(output.metrics)
+    metrics.update(_speed(hooks, prefix, start, output.num_samples))
+    hooks.control = hooks.callback_handler.on_predict(hooks.args, hooks.state, hooks.control, metrics=metrics)
+    return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=metrics)
+
+
+def _speed(hooks: TrainerHooks, prefix: str, start: float, num_samples: int) -> dict[str, float]:
+    batch = hooks.args.eval_batch_size * hooks.runtime.num_processes
+    return speed_metrics(prefix, start, num_samples=num_samples, num_steps=-(-num_samples // batch))
+
+
 def evaluation_loop(
-    trainer: Trainer,
+    hooks: TrainerHooks,
     dataloader: Any,
     description: str,
     prediction_loss_only: bool | None,
@@ -46,28 +92,74 @@ def evaluation_loop(
     metric_key_prefix: str,
 ) -> EvalLoopOutput:
     """Evaluate ``dataloader``; see the module docstring for what is kept and where."""
-    from trainwell.trainer_data import check_compute_metrics
-
-    args = trainer.args
-    check_compute_metrics(trainer.compute_metrics, args.batch_eval_metrics)
+    args = hooks.args
+    check_compute_metrics(hooks.compute_metrics, args.batch_eval_metrics)
     if prediction_loss_only is None:
         prediction_loss_only = args.prediction_loss_only
-    model = trainer._model_for_evaluation()
+    model = model_for_evaluation(hooks)
     model.eval()
-    if trainer._optimizer_has_modes:
-        trainer.optimizer.eval()  # schedule-free optimizers evaluate with their averaged weights
-    trainer.callback_handler.eval_dataloader = dataloader
-    run = _EvalRun(trainer, dataloader, description, prediction_loss_only)
+    if has_train_eval_modes(getattr(hooks.optimizer, "optimizer", hooks.optimizer)):
+        hooks.optimizer.eval()  # schedule-free optimizers evaluate with their averaged weights
+    hooks.callback_handler.eval_dataloader = dataloader
+    run = _EvalRun(hooks, dataloader, description, prediction_loss_only)
     for step, (item, is_last) in enumerate(_with_last(dataloader)):
         run.step(model, step, item, is_last, ignore_keys)
-        trainer.control = trainer.callback_handler.on_prediction_step(args, trainer.state, trainer.control)
+        hooks.control = hooks.callback_handler.on_prediction_step(args, hooks.state, hooks.control)
     return run.finish(metric_key_prefix)
+
+
+def model_for_evaluation(hooks: TrainerHooks) -> torch.nn.Module:
+    """The training wrapper during training; a half-precision copy with ``*_full_eval``; else the model."""
+    copy = hooks.precision.evaluation_copy(model_utils.unwrap(hooks.model))
+    if copy is not None:
+        return copy
+    if hooks.is_in_train or hooks.model_wrapped is not hooks.model:
+        return hooks.model_wrapped
+    return hooks.model
+
+
+def prediction_step(
+    hooks: TrainerHooks, model: torch.nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
+    ignore_keys: list[str] | None,
+) -> tuple[torch.Tensor | None, Any, Any]:
+    """(loss, logits, labels) of one batch, without gradients; the loss when the batch has every label."""
+    label_names = hooks.label_names
+    has_labels = bool(label_names) and all(inputs.get(k) is not None for k in label_names)
+    return_loss = inputs.get("return_loss", None)
+    if return_loss is None:
+        return_loss = hooks.can_return_loss
+    with_loss = has_labels or (not label_names and bool(return_loss))
+    inputs = hooks._prepare_inputs(inputs)
+    if ignore_keys is None:
+        config = getattr(model_utils.unwrap(model), "config", None)
+        ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"])) if config else []
+    labels = None
+    if with_loss:
+        labels = tuple(inputs.get(name) for name in label_names)
+        labels = labels[0] if len(labels) == 1 else (labels or None)
+    with torch.no_grad():
+        if with_loss:
+            with hooks.compute_loss_context_manager():
+                loss, outputs = hooks.compute_loss(model, inputs, return_outputs=True)
+            loss = loss.detach().mean()
+            logits = model_utils.output_items(outputs, ignore_keys)
+            if isinstance(outputs, (tuple, list)):
+                logits = logits[1:]
+        else:
+            loss = None
+            logits = model_utils.output_items(model_utils.call_forward(model, inputs), ignore_keys)
+    if prediction_loss_only:
+        return loss, None, None
+    logits = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in logits)
+    logits = logits[0] if len(logits) == 1 else (logits or None)
+    labels = labels.detach() if isinstance(labels, torch.Tensor) else labels
+    return loss, logits, labels
 
 
 class _EvalRun:
     """The state of one evaluation: accumulators, the device-side stage, per-batch metrics."""
 
-    def __init__(self, trainer: Trainer, dataloader: Any, description: str, loss_only: bool) -> None:
+    def __init__(self, trainer: TrainerHooks, dataloader: Any, description: str, loss_only: bool) -> None:
         args = trainer.args
         self.trainer = trainer
         self.dataloader = dataloader

@@ -18,7 +18,8 @@ Owns three things:
 from __future__ import annotations
 
 import mmap
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -341,12 +342,3 @@ def make_gatherer(runtime: Any, dataloader: Any, use_gather_object: bool) -> Cal
     if is_sharded_loader(dataloader):
         return ExactGatherer(runtime, use_gather_object)
     return AccelerateGatherer(runtime, use_gather_object)
-
-
-def pad_to_length(tensor: torch.Tensor, length: int, pad_index: int = PAD_INDEX, dim: int = 1) -> torch.Tensor:
-    """Pad ``tensor`` along ``dim`` to ``length`` with ``pad_index`` (no-op when it is long enough)."""
-    if tensor.dim() <= dim or tensor.shape[dim] >= length:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = length - tensor.shape[dim]
-    return torch.cat([tensor, tensor.new_full(shape, pad_index)], dim=dim)

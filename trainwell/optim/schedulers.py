@@ -323,3 +323,19 @@ def get_scheduler(
     if kind in _NEEDS_TRAINING_STEPS and num_training_steps is None:
         raise ValueError(f"num_training_steps is required for the {kind.value!r} scheduler")
     return build(optimizer, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps, **kwargs)
+
+
+def scheduler_for_args(args: Any, optimizer: Optimizer, num_training_steps: int) -> Any:
+    """The scheduler of ``args.lr_scheduler_type`` (warmup and ``lr_scheduler_kwargs`` from ``args``)."""
+    return get_scheduler(
+        args.lr_scheduler_type,
+        optimizer=optimizer,
+        num_warmup_steps=args.get_warmup_steps(num_training_steps),
+        num_training_steps=num_training_steps,
+        scheduler_specific_kwargs=dict(args.lr_scheduler_kwargs or {}),
+    )
+
+
+def steps_on_metrics(scheduler: Any) -> bool:
+    """Whether ``scheduler`` steps on an evaluation metric (plateau-style) rather than after every optimizer step."""
+    return isinstance(scheduler, ReduceLROnPlateau) or type(scheduler).__name__ == "GreedyLR"

@@ -1,0 +1,96 @@
+"""Numeric precision of one Trainer: autocast, backward, the fp16 grad scaler, clipping and the eval dtype.
+
+Owns everything that depends on ``mixed_precision`` (``fp16``/``bf16`` or full precision): the autocast
+context, ``backward`` (through the grad scaler when there is one), unscaling before the gradient norm is
+taken and clipped, whether the last optimizer step was skipped (an fp16 overflow: the scheduler must not
+step then), the dtype of ``fp16_full_eval``/``bf16_full_eval``, TF32 matmuls, and the scaler's state for a
+checkpoint (``state_dict``/``load_state_dict``). Nothing outside ``trainwell.backend`` touches the scaler.
+
+Autocast is Accelerate's: a model prepared by ``Runtime.prepare_model`` runs its ``forward`` under it (as in
+the reference Trainer), and :meth:`Precision.autocast` gives the same context for code that runs a model
+Accelerate did not prepare. The scaler is the one Accelerate built (its optimizer wrapper steps through it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Any
+
+import torch
+
+
+class Precision:
+    """The precision policy of one run, built once from the arguments by ``Runtime``.
+
+    ``mode`` is Accelerate's ``mixed_precision`` (``"no"``, ``"fp16"``, ``"bf16"``). ``direct`` is True when
+    backward and clipping can call torch directly (no scaler, and no engine such as DeepSpeed or FSDP that
+    owns them): Accelerate's versions re-check optional packages on every call, which costs more than a tiny
+    model's whole step.
+    """
+
+    def __init__(self, accelerator: Any, args: Any) -> None:
+        from accelerate.utils import DistributedType
+
+        self._accelerator = accelerator
+        self._scaler = accelerator.scaler
+        self.mode: str = str(accelerator.mixed_precision)
+        self.direct: bool = self._scaler is None and accelerator.distributed_type in (
+            DistributedType.NO,
+            DistributedType.MULTI_CPU,
+            DistributedType.MULTI_GPU,
+        )
+        #: only an fp16 grad scaler ever skips a step; the loop asks ``step_was_skipped`` only then
+        self.can_skip_steps: bool = self._scaler is not None
+        #: the dtype of a ``fp16_full_eval`` / ``bf16_full_eval`` evaluation copy, None to evaluate as trained
+        self.eval_dtype: torch.dtype | None = (
+            torch.float16 if args.fp16_full_eval else torch.bfloat16 if args.bf16_full_eval else None
+        )
+        if getattr(args, "tf32", None) is not None and accelerator.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
+            torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+
+    # ------------------------------------------------------------------------------------- forward
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The autocast context of ``mode`` (a no-op in full precision)."""
+        if self.mode not in ("fp16", "bf16"):
+            return contextlib.nullcontext()
+        return self._accelerator.autocast()
+
+    def evaluation_copy(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        """A copy of ``model`` in ``eval_dtype`` for ``*_full_eval``; None when evaluation runs as trained.
+
+        A copy, so the trained weights are never cast in place (the reference casts them, and a later
+        ``train()`` then fails on a dtype mismatch).
+        """
+        if self.eval_dtype is None:
+            return None
+        return copy.deepcopy(model).to(dtype=self.eval_dtype)
+
+    # ------------------------------------------------------------------------------------- backward
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` (scaled first under fp16)."""
+        if self.direct:
+            loss.backward()
+        else:
+            self._accelerator.backward(loss)
+
+    def clip_grad_norm_(self, parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+        """Unscale fp16 gradients, clip them to ``max_norm`` and return the total norm, as a tensor (no host sync)."""
+        if self.direct:
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        return self._accelerator.clip_grad_norm_(parameters, max_norm)
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped because fp16 gradients overflowed."""
+        return self.can_skip_steps and self._accelerator.optimizer_step_was_skipped
+
+    # ------------------------------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict[str, Any] | None:
+        """The grad scaler's state (``scaler.pt`` in a checkpoint); None when there is no scaler."""
+        return None if self._scaler is None else self._scaler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._scaler is not None:
+            self._scaler.load_state_dict(state)

@@ -1,0 +1,259 @@
+"""What a checkpoint holds, as one table, and how each piece is written and read back.
+
+``CONTENTS`` below is the list. Each row names a piece, its file in ``checkpoint-N/``, whether every process
+writes its own copy (``rng_state_{rank}.pth``) or one writer process writes it, whether ``save_only_model``
+leaves it out, when ``train(resume_from_checkpoint=...)`` restores it (:class:`Phase`), and the Trainer
+methods (the reference's names, so subclass overrides are honoured) that save and restore it. The table
+drives all three uses:
+
+* saving (:func:`save_checkpoint`): the ``saved_by`` methods run in table order, into a temporary folder
+  published atomically (``trainwell.checkpoint.io.AtomicDirectory``) once every process wrote its part, so
+  a crash never leaves a ``checkpoint-N`` that resume would pick and fail on; ``trainer_state.json`` is last;
+* resuming (``trainwell.checkpoint.resume.Resume``): each phase runs the ``restored_by`` methods of its rows;
+* validating (``trainwell.checkpoint.resume.incomplete_reason``): the ``required`` rows must be present.
+
+Sized data needs no position file: the sampler's order is a function of (seed, epoch), and ``global_step``
+says how many windows of the current epoch were consumed. Loading never unpickles code
+(``safe_torch_load``). The functions here are the default bodies of the Trainer's save/load methods.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainwell.checkpoint.io import AtomicDirectory, safe_torch_load, save_model_weights, torch_save, write_json
+from trainwell.checkpoint.layout import (
+    OPTIMIZER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    TRAINER_STATE_NAME,
+    TRAINING_ARGS_NAME,
+    WEIGHTS_NAME,
+    checkpoint_path,
+    per_rank_name,
+    rotate_checkpoints,
+)
+from trainwell.checkpoint.optimizer_state import align_optimizer_state, align_scheduler_state
+from trainwell.checkpoint.rng import get_rng_state, load_rng_file, set_rng_state
+from trainwell.utils import model as model_utils
+
+if TYPE_CHECKING:
+    from trainwell.hooks import TrainerHooks
+
+logger = logging.getLogger(__name__)
+
+
+class Phase(enum.Enum):
+    """When a resumed ``train()`` restores a piece, in this order."""
+
+    WEIGHTS = 1  #: before the model is prepared (wrapped, placed)
+    STATE = 2  #: when the run's ``TrainerState`` is set up, before the step arithmetic is used
+    OPTIMIZER = 3  #: once the optimizer and scheduler exist and are prepared
+    DATA = 4  #: when the resumed epoch's iterator is built
+    RNG = 5  #: right after that, before the resumed epoch's first batch
+    NEVER = 6  #: written for other tools (``from_pretrained``, the reference), not read on resume
+
+
+@dataclass(frozen=True)
+class Piece:
+    name: str
+    file: str  #: file name in the checkpoint folder; per-rank files add ``_{rank}`` with several processes
+    per_rank: bool  #: every process writes its own file (else: the writer processes write one)
+    training_state: bool  #: left out by ``save_only_model``
+    required: bool  #: a checkpoint without it is incomplete (training-state pieces: unless ``save_only_model``)
+    restored: Phase
+    saved_by: str  #: the Trainer method that writes it
+    restored_by: str | None  #: the Trainer method that restores it
+
+
+CONTENTS: tuple[Piece, ...] = (
+    Piece("model", WEIGHTS_NAME, False, False, True, Phase.WEIGHTS, "save_model", "_load_from_checkpoint"),
+    Piece("training_args", TRAINING_ARGS_NAME, False, False, False, Phase.NEVER, "save_model", None),
+    Piece("optimizer", OPTIMIZER_NAME, False, True, True, Phase.OPTIMIZER, "_save_optimizer_and_scheduler",
+          "_load_optimizer_and_scheduler"),
+    Piece("scheduler", SCHEDULER_NAME, False, True, True, Phase.OPTIMIZER, "_save_optimizer_and_scheduler",
+          "_load_optimizer_and_scheduler"),
+    Piece("scaler", SCALER_NAME, False, True, False, Phase.OPTIMIZER, "_save_scaler", "_load_scaler"),
+    Piece("rng", "rng_state.pth", True, True, True, Phase.RNG, "_save_rng_state", "_load_rng_state"),
+    Piece("data_position", "data_state.pth", True, True, False, Phase.DATA, "_save_rng_state", None),
+    Piece("trainer_state", TRAINER_STATE_NAME, False, False, True, Phase.STATE, "_save_checkpoint",
+          "_load_callback_state"),
+)
+# The model piece also covers the processing class (``save_pretrained`` files) and a sharded
+# ``model.safetensors.index.json``; ``trainwell.checkpoint.resume`` accepts those and the reference's
+# ``pytorch_model.bin`` as model weights.
+
+PIECES = {piece.name: piece for piece in CONTENTS}
+
+
+def piece_file(directory: str | os.PathLike, name: str, process_index: int = 0, num_processes: int = 1) -> Path:
+    """The path of piece ``name`` in ``directory`` as process ``process_index`` writes and reads it."""
+    piece = PIECES[name]
+    file = per_rank_name(piece.file, process_index, num_processes) if piece.per_rank else piece.file
+    return Path(directory) / file
+
+
+def _own_file(trainer: TrainerHooks, directory: str | os.PathLike, name: str) -> Path:
+    runtime = trainer.runtime
+    return piece_file(directory, name, runtime.process_index, runtime.num_processes)
+
+
+# ----------------------------------------------------------------------------------------------- saving
+def saving_methods(save_only_model: bool) -> list[str]:
+    """The Trainer methods that write a checkpoint's pieces, in table order (``trainer_state.json`` aside)."""
+    pieces = [p for p in CONTENTS if p.saved_by != "_save_checkpoint" and not (save_only_model and p.training_state)]
+    return list(dict.fromkeys(p.saved_by for p in pieces))
+
+
+def save_checkpoint(trainer: TrainerHooks, run_dir: str) -> Path:
+    """Write ``checkpoint-{global_step}`` atomically and apply ``save_total_limit``; returns its path."""
+    args, runtime, state = trainer.args, trainer.runtime, trainer.state
+    final = checkpoint_path(run_dir, state.global_step)
+    atomic = AtomicDirectory(final)
+    if args.should_save:
+        atomic.create()
+    runtime.wait_for_everyone()
+    tmp = str(atomic.tmp)
+    for method in saving_methods(args.save_only_model):
+        getattr(trainer, method)(tmp)
+    if args.should_save:
+        _update_best_checkpoint(trainer, run_dir)
+        state.record_callback_states(trainer.callback_handler.callbacks + [trainer.control])
+        state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
+    runtime.wait_for_everyone()  # every rank's files are in the temporary folder
+    if args.should_save:
+        atomic.publish()
+        # The folder just written is protected too: after resuming from an older checkpoint, a higher-numbered
+        # one left by the earlier run would otherwise count as "the newest" and this one be deleted.
+        run = trainer.training_run
+        resumed = run.resume.path if run is not None and run.resume is not None else None
+        rotate_checkpoints(run_dir, args.save_total_limit, protected=(state.best_model_checkpoint, resumed, final))
+    runtime.wait_for_everyone()
+    return final
+
+
+def save_model_files(trainer: TrainerHooks, output_dir: str, state_dict: dict | None = None) -> None:
+    """The model (safetensors, or ``save_pretrained``), the processing class and ``training_args.json``."""
+    os.makedirs(output_dir, exist_ok=True)
+    save_model_weights(model_utils.unwrap(trainer.model), output_dir, state_dict=state_dict)
+    processing = trainer.processing_class or getattr(trainer.data_collator, "tokenizer", None)
+    if processing is not None and hasattr(processing, "save_pretrained"):
+        processing.save_pretrained(output_dir)
+    write_json(trainer.args.to_dict(), os.path.join(output_dir, TRAINING_ARGS_NAME))
+
+
+def save_optimizer_and_scheduler(trainer: TrainerHooks, directory: str) -> None:
+    if trainer.args.should_save:
+        torch_save(trainer.optimizer.state_dict(), piece_file(directory, "optimizer"))
+        torch_save(trainer.lr_scheduler.state_dict(), piece_file(directory, "scheduler"))
+
+
+def save_scaler(trainer: TrainerHooks, directory: str) -> None:
+    state = trainer.precision.state_dict()
+    if state is not None and trainer.args.should_save:
+        torch_save(state, piece_file(directory, "scaler"))
+
+
+def save_rng_and_data_position(trainer: TrainerHooks, directory: str) -> None:
+    """This process's RNG states and, for a stateful iterable dataset, its position (every process)."""
+    torch_save(get_rng_state(), _own_file(trainer, directory, "rng"))
+    run = trainer.training_run
+    position = run.feed.position if run is not None else None
+    if position is not None:
+        torch_save(position.state_dict(), _own_file(trainer, directory, "data_position"))
+
+
+def _update_best_checkpoint(trainer: TrainerHooks, run_dir: str) -> None:
+    """Point ``best_model_checkpoint`` at the checkpoint of the best step, once that step has one."""
+    state = trainer.state
+    if state.best_global_step is None:
+        return
+    best = checkpoint_path(run_dir, state.best_global_step)
+    if state.best_global_step == state.global_step or best.is_dir():
+        state.best_model_checkpoint = str(best)
+
+
+# ----------------------------------------------------------------------------------------------- loading
+def load_optimizer_and_scheduler(trainer: TrainerHooks, checkpoint: str) -> None:
+    """Restore the optimizer and scheduler states (after the optimizer was prepared)."""
+    optimizer_file, scheduler_file = piece_file(checkpoint, "optimizer"), piece_file(checkpoint, "scheduler")
+    if not optimizer_file.is_file():
+        logger.warning(
+            "%s has no %s (saved with save_only_model?): the optimizer starts fresh, so training will not "
+            "continue exactly where it stopped.", checkpoint, OPTIMIZER_NAME,
+        )  # fmt: skip
+        return
+    saved = safe_torch_load(optimizer_file, map_location=trainer.runtime.device)
+    inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    aligned, group_map = align_optimizer_state(saved, inner, model_utils.unwrap(trainer.model))
+    trainer.optimizer.load_state_dict(aligned)
+    if scheduler_file.is_file():
+        scheduler_state = safe_torch_load(scheduler_file)
+        if isinstance(scheduler_state, dict):
+            scheduler_state = align_scheduler_state(scheduler_state, group_map, len(saved["param_groups"]))
+        trainer.lr_scheduler.load_state_dict(scheduler_state)
+
+
+def load_scaler(trainer: TrainerHooks, checkpoint: str) -> None:
+    file = piece_file(checkpoint, "scaler")
+    if trainer.precision.can_skip_steps and file.is_file():
+        trainer.precision.load_state_dict(safe_torch_load(file))
+
+
+def load_rng_state(trainer: TrainerHooks, checkpoint: str) -> None:
+    """Restore this process's RNG states; a checkpoint without them (or from another world size) warns."""
+    path = _own_file(trainer, checkpoint, "rng")
+    if not path.is_file():
+        logger.warning(
+            "%s has no RNG state for process %d: random draws (dropout, augmentation) after resume will differ "
+            "from the uninterrupted run.", checkpoint, trainer.runtime.process_index,
+        )  # fmt: skip
+        return
+    set_rng_state(load_rng_file(path))
+
+
+def load_data_position(trainer: TrainerHooks, checkpoint: str, position: Any) -> bool:
+    """Set a stateful dataset to the position saved in ``checkpoint``; False when there is none (replay instead)."""
+    path = _own_file(trainer, checkpoint, "data_position")
+    if not path.is_file():
+        logger.warning("%s has no %s: the iterable dataset is replayed to skip the consumed batches.",
+                       checkpoint, path.name)
+        return False
+    position.dataset.load_state_dict(safe_torch_load(path))
+    position.restored()
+    return True
+
+
+def load_callback_state(trainer: TrainerHooks) -> None:
+    """Rebuild the stateful callbacks (and ``TrainerControl``) from ``state.stateful_callbacks``.
+
+    Each attached callback whose class name was stored is replaced, in place, by ``type(cb).from_state(...)``
+    (several instances of a class are matched in order). Stored classes that are not attached are named in a
+    warning and ignored: the checkpoint never decides which code runs.
+    """
+    from trainwell.state import ExportableState, TrainerControl
+
+    stored = trainer.state.stateful_callbacks or {}
+    callbacks = trainer.callback_handler.callbacks
+    missing = []
+    for name, data in stored.items():
+        states = data if isinstance(data, list) else [data]
+        if name == type(trainer.control).__name__:
+            trainer.control = TrainerControl.from_state(states[0])
+            continue
+        positions = [i for i, cb in enumerate(callbacks)
+                     if type(cb).__name__ == name and isinstance(cb, ExportableState)]
+        if not positions:
+            missing.append(name)
+        for position, callback_state in zip(positions, states):
+            callbacks[position] = type(callbacks[position]).from_state(callback_state)
+    if missing:
+        logger.warning(
+            "The checkpoint stores states of callbacks that are not attached to this Trainer, ignored: %s",
+            ", ".join(missing),
+        )

@@ -1,0 +1,195 @@
+"""Resuming a run: which checkpoint, whether it is complete, and restoring it phase by phase.
+
+Owns :class:`Resume`, the one object that carries "which checkpoint is being resumed" through a
+``train(resume_from_checkpoint=...)`` call: it is found (``True``: the newest complete checkpoint of
+``output_dir``) and validated once, then restores the checkpoint's pieces in the phases of
+``trainwell.checkpoint.contents.Phase``: weights before the model is prepared, the ``TrainerState`` and
+callback states, the optimizer/scheduler/scaler once they exist, the data position and the RNG states when
+the resumed epoch starts. It also works out where in the data the run stands (epoch, windows consumed).
+
+Also here: :func:`incomplete_reason`, the cheap check that a folder is a loadable checkpoint (no tensor is
+read, no pickle opened), and :func:`get_last_checkpoint`, the newest complete checkpoint of a folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainwell.checkpoint.contents import CONTENTS, Phase, load_data_position
+from trainwell.checkpoint.layout import (
+    LEGACY_WEIGHTS_NAME,
+    TRAINER_STATE_NAME,
+    TRAINING_ARGS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    list_checkpoints,
+)
+from trainwell.state import TrainerState
+
+if TYPE_CHECKING:
+    from trainwell.hooks import TrainerHooks
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Resume:
+    """Resuming one ``train()`` call from the checkpoint at ``path``.
+
+    ``epoch`` and ``windows_done`` (the epoch the checkpoint was written in, and the accumulation windows of it
+    already trained) are known once :meth:`restore_state` has read the checkpoint's ``TrainerState``.
+    """
+
+    path: str
+    epoch: int = 0
+    windows_done: int = 0
+
+    @classmethod
+    def find(cls, resume_from_checkpoint: str | bool | None, output_dir: str) -> Resume | None:
+        """The resume of ``train(resume_from_checkpoint=...)``: None to train from scratch.
+
+        ``True`` picks the newest complete checkpoint of ``output_dir`` (incomplete ones are skipped with a
+        warning); a path must be a complete checkpoint. Anything else raises ValueError naming the fix.
+        """
+        if resume_from_checkpoint is None or resume_from_checkpoint is False:
+            return None
+        if resume_from_checkpoint is True:
+            path = get_last_checkpoint(output_dir)
+            if path is None:
+                raise ValueError(
+                    f"resume_from_checkpoint=True but no complete checkpoint was found in output_dir ({output_dir}). "
+                    "Pass a checkpoint path, or train from scratch."
+                )
+            return cls(path)
+        path = str(resume_from_checkpoint)
+        reason = incomplete_reason(path) if os.path.isdir(path) else "it is not a folder"
+        if reason is not None:
+            raise ValueError(f"Can't resume from {path}: {reason}.")
+        return cls(path)
+
+    def restore(self, hooks: TrainerHooks, phase: Phase) -> None:
+        """Run the restoring methods of ``phase`` (``WEIGHTS``, ``OPTIMIZER`` or ``RNG``) on ``hooks``."""
+        for method in dict.fromkeys(p.restored_by for p in CONTENTS if p.restored is phase and p.restored_by):
+            getattr(hooks, method)(self.path)
+
+    def restore_state(self, hooks: TrainerHooks, updates_per_epoch: int, sized: bool) -> TrainerState:
+        """The checkpoint's ``TrainerState`` (and the callbacks' states); sets ``epoch`` and ``windows_done``."""
+        args = hooks.args
+        state = TrainerState.load_from_json(os.path.join(self.path, TRAINER_STATE_NAME))
+        best = state.best_model_checkpoint
+        if best is not None and not os.path.isdir(best):
+            logger.warning("The best checkpoint %s recorded in the resumed state no longer exists.", best)
+            state.best_model_checkpoint = None
+        self.epoch, windows = state.global_step // updates_per_epoch, state.global_step % updates_per_epoch
+        if not sized:
+            self.epoch, windows = unsized_position(state, args)
+        self.windows_done = 0 if args.ignore_data_skip else windows
+        return state
+
+    def restore_data(self, hooks: TrainerHooks, position: Any) -> bool:
+        """Set a stateful dataset to its saved position; False when the batches must be replayed instead."""
+        return load_data_position(hooks, self.path, position)
+
+
+def unsized_position(state: TrainerState, args: Any) -> tuple[int, int]:
+    """(pass, windows consumed in it) of a checkpoint of a run over data without a length.
+
+    Without a length, a pass counts as ``max_steps`` windows, so ``global_step`` alone cannot say in which
+    pass the checkpoint was written. ``state.epoch`` can: the loop sets it to ``pass + batches_consumed_in_pass
+    / (max_steps * gradient_accumulation_steps)``, with the ``max_steps`` of the run that wrote it (this run
+    may train for longer). A pass that ended with a short window rounds up, so the replay runs to its end.
+    """
+    max_steps = state.max_steps or args.max_steps
+    epoch = state.epoch or 0
+    if max_steps <= 0:
+        return 0, 0
+    ga = args.gradient_accumulation_steps
+    passes = int(math.floor(epoch))
+    consumed = int(round((epoch - passes) * max_steps * ga))
+    return passes, -(-consumed // ga)
+
+
+# ----------------------------------------------------------------------------------------------- validation
+def incomplete_reason(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is not a loadable checkpoint, or ``None`` when it looks complete.
+
+    Cheap checks only (no tensor is read, no pickle is opened): the trainer state parses as a JSON object,
+    some model weights exist, every safetensors file is as long as its header says, and every ``.pt``/``.pth``
+    file (optimizer, scheduler, RNG states) is a whole zip archive (a truncated one has no end record). When
+    ``training_args.json`` says the checkpoint was not ``save_only_model``, the required training-state pieces
+    of ``trainwell.checkpoint.contents.CONTENTS`` must be there too.
+    """
+    path = Path(path)
+    state_file = path / TRAINER_STATE_NAME
+    if not state_file.is_file():
+        return f"{TRAINER_STATE_NAME} is missing"
+    try:
+        if not isinstance(json.loads(state_file.read_text()), dict):
+            return f"{TRAINER_STATE_NAME} is not a JSON object"
+    except (OSError, ValueError) as err:
+        return f"{TRAINER_STATE_NAME} is not valid JSON ({err})"
+    weights = [path / WEIGHTS_NAME, path / WEIGHTS_INDEX_NAME, path / LEGACY_WEIGHTS_NAME]
+    if not any(w.is_file() for w in weights):
+        return "no model weights file"
+    for file in sorted(path.glob("*.safetensors")):
+        problem = _safetensors_problem(file)
+        if problem is not None:
+            return problem
+    for file in sorted([*path.glob("*.pt"), *path.glob("*.pth"), *path.glob(LEGACY_WEIGHTS_NAME)]):
+        if not zipfile.is_zipfile(file):
+            return f"{file.name} is truncated or not a torch file"
+    return _missing_training_state(path)
+
+
+def _missing_training_state(path: Path) -> str | None:
+    """The required training-state piece missing from a checkpoint whose arguments say it should have it."""
+    try:
+        saved_args = json.loads((path / TRAINING_ARGS_NAME).read_text())
+    except (OSError, ValueError):
+        return None  # written by the reference (training_args.bin) or by hand: nothing to check against
+    if not isinstance(saved_args, dict) or saved_args.get("save_only_model"):
+        return None
+    for piece in CONTENTS:
+        if not (piece.training_state and piece.required):
+            continue
+        present = (path / piece.file).is_file()
+        if piece.per_rank and not present:  # rng_state_0.pth, rng_state_1.pth, ... in a multi-process run
+            stem, _, suffix = piece.file.rpartition(".")
+            present = any(path.glob(f"{stem}_*.{suffix}"))
+        if not present:
+            return f"{piece.file} is missing"
+    return None
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """Check the safetensors header and that the file is as long as the header says."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as fh:
+            header_len = int.from_bytes(fh.read(8), "little")
+            if header_len <= 0 or 8 + header_len > size:
+                return f"{file.name} is truncated"
+            header = json.loads(fh.read(header_len))
+    except (OSError, ValueError) as err:
+        return f"{file.name} is unreadable ({err})"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    if 8 + header_len + max(ends, default=0) > size:
+        return f"{file.name} is truncated"
+    return None
+
+
+def get_last_checkpoint(folder: str | os.PathLike) -> str | None:
+    """The newest *complete* checkpoint in ``folder``; incomplete ones are skipped with a warning naming them."""
+    for path in reversed(list_checkpoints(folder)):
+        reason = incomplete_reason(path)
+        if reason is None:
+            return str(path)
+        logger.warning("Skipping incomplete checkpoint %s: %s", path, reason)
+    return None

@@ -1,0 +1,110 @@
+"""What happens at a step or epoch boundary: log, then evaluate, then save, as the control flags say.
+
+Owns the default bodies of the Trainer's ``log``, ``_maybe_log_save_evaluate``, ``_evaluate`` and
+``_determine_best_metric``: the training loss averaged over the steps since the last log (summed over
+processes: one collective, at log steps only), the evaluation during training (with a metric-driven
+scheduler stepped on its metric), the best metric and step, ``save_strategy="best"``, and the checkpoint.
+Every action goes through the Trainer's hooks (``log``, ``evaluate``, ``_save_checkpoint``...), so subclass
+overrides are honoured.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainwell.events.monitor import greater_is_better, is_improvement, metric_key
+from trainwell.optim.schedulers import steps_on_metrics
+from trainwell.utils.metrics import speed_metrics
+
+if TYPE_CHECKING:
+    from trainwell.hooks import TrainerHooks
+    from trainwell.loop.progress import LossTracker
+
+
+def log(hooks: TrainerHooks, logs: dict[str, float], start_time: float | None = None) -> None:
+    """Record ``logs`` (plus ``epoch`` and token counts) in ``state.log_history`` and fire ``on_log``.
+
+    Unlike the reference, the caller's dict is never modified.
+    """
+    state, run = hooks.state, hooks.training_run
+    logs = dict(logs)
+    if state.epoch is not None:
+        logs["epoch"] = state.epoch
+    if hooks.args.include_num_input_tokens_seen != "no":
+        if run is not None:
+            run.flush_tokens(hooks)
+        logs["num_input_tokens_seen"] = state.num_input_tokens_seen
+        if start_time is not None and run is not None:
+            seen = state.num_input_tokens_seen - run.initial_tokens_seen
+            logs.update(speed_metrics("train", start_time, num_tokens=seen))
+    state.log_history.append({**logs, "step": state.global_step})
+    hooks.control = hooks.callback_handler.on_log(hooks.args, state, hooks.control, logs)
+
+
+def maybe_log_save_evaluate(
+    hooks: TrainerHooks, tr_loss: LossTracker, grad_norm: Any, model: Any, trial: Any,
+    ignore_keys_for_eval: Any, start_time: float, learning_rate: float | None = None,
+) -> None:
+    """Log the loss since the last log, evaluate, then save, each when its control flag is set."""
+    control, state = hooks.control, hooks.state
+    if control.should_log and state.global_step > tr_loss.last_logged_step:
+        loss_sum = gather_loss_sum(hooks.runtime, tr_loss.take())
+        tr_loss.logged_total += loss_sum
+        logs: dict[str, float] = {"loss": loss_sum / (state.global_step - tr_loss.last_logged_step)}
+        if grad_norm is not None:
+            logs["grad_norm"] = float(grad_norm)
+        if learning_rate is not None:
+            logs["learning_rate"] = learning_rate
+        tr_loss.last_logged_step = state.global_step
+        hooks.store_flos()
+        hooks.log(logs, start_time)
+    if hooks.control.should_evaluate:
+        metrics = hooks._evaluate(trial, ignore_keys_for_eval)
+        is_new_best = hooks._determine_best_metric(metrics, trial)
+        if getattr(hooks.args.save_strategy, "value", hooks.args.save_strategy) == "best":
+            hooks.control.should_save = is_new_best
+    if hooks.control.should_save:
+        hooks._save_checkpoint(model, trial)
+        hooks.control = hooks.callback_handler.on_save(hooks.args, hooks.state, hooks.control)
+
+
+def gather_loss_sum(runtime: Any, value: Any) -> float:
+    """The mean over processes of each process's loss sum (one collective, at log steps only)."""
+    tensor = torch.as_tensor(value, dtype=torch.float32, device=runtime.device).reshape(1)
+    if runtime.distributed:
+        tensor = runtime.gather(tensor).mean()
+    return float(tensor.sum().item())
+
+
+def evaluate_in_training(hooks: TrainerHooks, ignore_keys_for_eval: Any, skip_scheduler: bool) -> dict[str, float]:
+    """``evaluate()`` during training; a metric-driven scheduler (plateau) then steps on the chosen metric."""
+    metrics = hooks.evaluate(ignore_keys=ignore_keys_for_eval)
+    args = hooks.args
+    if steps_on_metrics(hooks.lr_scheduler) and not skip_scheduler and args.metric_for_best_model:
+        hooks.lr_scheduler.step(_metric(metrics, metric_key(args)))
+    return metrics
+
+
+def determine_best_metric(hooks: TrainerHooks, metrics: dict[str, float]) -> bool:
+    """Update ``best_metric``/``best_global_step``; True when this evaluation is the best so far."""
+    args, state = hooks.args, hooks.state
+    if args.metric_for_best_model is None:
+        return False
+    value = float(_metric(metrics, metric_key(args)))
+    if is_improvement(value, state.best_metric, greater_is_better(args)):
+        state.best_metric = value
+        state.best_global_step = state.global_step
+        return True
+    return False
+
+
+def _metric(metrics: dict[str, Any], key: str) -> Any:
+    if key not in metrics:
+        raise KeyError(
+            f"metric_for_best_model refers to {key!r}, which the evaluation did not produce "
+            f"(available: {sorted(metrics)}). Set metric_for_best_model to one of those, or return it from "
+            "compute_metrics."
+        )
+    return metrics[key]

@@ -1,0 +1,89 @@
+"""Walking the training data epoch by epoch, window by window, from wherever the run stands.
+
+Owns :class:`EpochIterator`: starting an epoch (``set_epoch`` on the sampler and the dataset, reseeding the
+loader's generator), skipping what a resumed run already consumed, and cutting the epoch's micro-batches
+into accumulation windows (``StepPlan.window_size``). Skipping is as cheap as the data allows:
+
+* map-style data skips at the sampler: nothing is loaded or collated to skip it;
+* a stateful ``IterableDataset`` (``state_dict``/``load_state_dict``) is set to its saved position;
+* any other iterable data is replayed: the consumed batches are read again and dropped (documented cost);
+  resuming in a later pass over a stream without ``set_epoch`` reads the earlier passes too, since its order
+  may depend on how often it was iterated.
+
+On the resumed epoch, the checkpoint's RNG states are restored once its iterator exists, right before its
+first batch (so the uninterrupted run's random draws continue exactly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from trainwell.checkpoint.contents import Phase
+
+if TYPE_CHECKING:
+    from trainwell.checkpoint.resume import Resume
+    from trainwell.data.train_loader import TrainFeed
+    from trainwell.hooks import TrainerHooks
+    from trainwell.loop.plan import StepPlan
+
+
+class EpochIterator:
+    """The windows of each epoch of one ``train()`` call over ``feed``."""
+
+    def __init__(self, hooks: TrainerHooks, feed: TrainFeed, plan: StepPlan, resume: Resume | None) -> None:
+        self.hooks, self.feed, self.plan, self.resume = hooks, feed, plan, resume
+        self.replay = not hooks.args.ignore_data_skip
+
+    def start(self, epoch: int, skip_windows: int) -> Iterator[list[Any]]:
+        """The windows of ``epoch`` after its first ``skip_windows`` (a lazy iterator: nothing read ahead)."""
+        resume = self.resume
+        resuming_here = resume is not None and epoch == resume.epoch
+        batches = self._batches(epoch, self.plan.batches_before(skip_windows), resuming_here)
+        if resuming_here:
+            resume.restore(self.hooks, Phase.RNG)
+        return self._windows(batches, skip_windows)
+
+    def _windows(self, batches: Iterator[Any], window: int) -> Iterator[list[Any]]:
+        while True:
+            size = self.plan.window_size(window)
+            taken = [batch for _, batch in zip(range(size), batches)]
+            if not taken:
+                return
+            yield taken
+            window += 1
+
+    def _batches(self, epoch: int, skip: int, resuming_here: bool) -> Iterator[Any]:
+        feed, loader = self.feed, self.feed.loader
+        restored = False
+        if skip and resuming_here and feed.position is not None:
+            restored = self.resume.restore_data(self.hooks, feed.position)
+            if restored:
+                skip = 0  # the dataset resumes at its saved position by itself
+        if resuming_here and self.replay and feed.sampler is None and not restored and not self.plan.sized:
+            self._replay_earlier_passes(epoch)
+        if feed.sampler is not None:
+            feed.sampler.set_epoch(epoch)
+        if feed.generator is not None:
+            feed.generator.manual_seed(feed.data_seed + epoch)
+        # Accelerate's prepared loaders forward set_epoch to their dataset; a plain DataLoader has none.
+        target = loader if hasattr(loader, "set_epoch") else feed.dataset
+        if hasattr(target, "set_epoch") and target is not feed.sampler:
+            target.set_epoch(epoch)
+        if skip and feed.sampler is not None:
+            feed.sampler.skip(skip * feed.indices_per_batch)
+            return iter(loader)
+        iterator = iter(loader)
+        if feed.position is not None:
+            iterator = feed.position.track(iterator)
+        for _ in range(skip):  # iterable data: replay (documented cost)
+            next(iterator, None)
+        return iterator
+
+    def _replay_earlier_passes(self, epoch: int) -> None:
+        """Read the passes before ``epoch`` of an iterable dataset that has no ``set_epoch``."""
+        if epoch <= 0 or hasattr(self.hooks.train_dataset, "set_epoch"):
+            return
+        for _ in range(epoch):
+            for _ in self.feed.loader:
+                pass

@@ -1,0 +1,106 @@
+"""What one ``train()`` call keeps between steps: the loss since the last log, token and flop counts, and
+the positions it started from.
+
+Owns :class:`TrainingRun` (set as ``trainer.training_run`` by the fit loop, read by ``log``, the log/save
+boundary and the checkpoint writer) and :class:`LossTracker`. The durable record of a run is
+``TrainerState`` (``trainwell.state``); this object holds what is only meaningful while the run goes on,
+and never enters a checkpoint (except the data position, through ``trainwell.checkpoint.contents``).
+
+Hot-path rule: counts stay device tensors on an accelerator until a log step reads them (one sync per log,
+none per step).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from trainwell.checkpoint.resume import Resume
+    from trainwell.data.train_loader import TrainFeed
+    from trainwell.hooks import TrainerHooks
+    from trainwell.loop.plan import StepPlan
+
+
+class LossTracker:
+    """Sums the (already scaled) micro-batch losses between two log steps.
+
+    On the CPU a Python float is cheapest (reading a CPU tensor is not a device sync); on an accelerator the
+    sum stays a device tensor and is read only by :meth:`take`, at a log step.
+    """
+
+    def __init__(self, device: torch.device, nan_inf_filter: bool, last_logged_step: int = 0) -> None:
+        self.on_host = device.type == "cpu"
+        self.nan_inf_filter = nan_inf_filter
+        self.device = device
+        self.total: Any = 0.0 if self.on_host else torch.zeros((), device=device)
+        self.logged_total = 0.0  #: every loss taken so far in this train() call
+        self.last_logged_step = last_logged_step  #: the global step of the last loss log
+
+    def add(self, loss: torch.Tensor, steps_since_log: int) -> None:
+        # A non-finite loss is replaced by the mean loss per step since the last log, as the reference does.
+        if self.on_host:
+            value = float(loss)
+            if self.nan_inf_filter and not math.isfinite(value):
+                value = self.total / (1 + steps_since_log)
+            self.total += value
+        elif self.nan_inf_filter:
+            fallback = self.total / (1 + steps_since_log)
+            self.total = self.total + torch.where(torch.isfinite(loss), loss.to(self.total.dtype), fallback)
+        else:
+            self.total = self.total + loss
+
+    def take(self) -> torch.Tensor | float:
+        """The sum since the last take (a sync point on an accelerator), resetting it."""
+        value = self.total
+        self.total = 0.0 if self.on_host else torch.zeros((), device=self.device)
+        return value
+
+
+class TrainingRun:
+    """The ``train()`` call in progress: its plan, data feed, resume, start and running counts."""
+
+    def __init__(self, hooks: TrainerHooks, plan: StepPlan, feed: TrainFeed, resume: Resume | None) -> None:
+        state, args, device = hooks.state, hooks.args, hooks.runtime.device
+        self.plan = plan
+        self.feed = feed
+        self.resume = resume
+        self.start_time = time.time()
+        self.initial_global_step = state.global_step
+        self.initial_tokens_seen = state.num_input_tokens_seen
+        self.losses = LossTracker(device, args.logging_nan_inf_filter, last_logged_step=state.global_step)
+        self.tokens_pending: Any = 0
+        self.token_mode = args.include_num_input_tokens_seen
+        self.counts_tokens = self.token_mode != "no"
+        self.main_input = hooks.model_info.main_input_name
+        optimizer = getattr(hooks.optimizer, "optimizer", hooks.optimizer)
+        #: schedule-free optimizers keep separate train/eval weights: ``train()``/``eval()`` switch them
+        self.optimizer_has_modes = has_train_eval_modes(optimizer)
+
+    def count_tokens(self, inputs: Any) -> None:
+        """Add one micro-batch's input tokens (``include_num_input_tokens_seen``) to the pending count."""
+        main = inputs.get(self.main_input) if isinstance(inputs, dict) else None
+        if not isinstance(main, torch.Tensor):
+            return
+        mask = inputs.get("attention_mask")
+        if self.token_mode == "non_padding" and isinstance(mask, torch.Tensor):
+            self.tokens_pending = self.tokens_pending + mask.sum()  # stays on device until a log reads it
+        else:
+            self.tokens_pending = self.tokens_pending + main.numel()
+
+    def flush_tokens(self, hooks: TrainerHooks) -> None:
+        """Move the pending token count, summed over processes, into ``state.num_input_tokens_seen``."""
+        pending = self.tokens_pending
+        if isinstance(pending, torch.Tensor) or pending:
+            runtime = hooks.runtime
+            total = torch.as_tensor(pending, device=runtime.device).reshape(())
+            hooks.state.num_input_tokens_seen += int(runtime.reduce_sum(total).item())
+            self.tokens_pending = 0
+
+
+def has_train_eval_modes(optimizer: Any) -> bool:
+    """Whether an optimizer has ``train()``/``eval()`` (schedule-free optimizers average weights for eval)."""
+    return callable(getattr(optimizer, "train", None)) and callable(getattr(optimizer, "eval", None))
