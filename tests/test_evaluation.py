@@ -146,6 +146,48 @@ def test_full_eval_does_not_leave_model_cast(out_dir):
     assert {dtype for training, dtype in model.seen if training} == {torch.float32}
 
 
+class OutputDtypeRecorder(RegressionModel):
+    """Records the dtype its matmul computes in (bf16 under a bf16 autocast, float32 otherwise)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(1, 1)
+        self.seen = []
+
+    def forward(self, input_x, labels=None):
+        self.seen.append((self.training, self.linear(input_x.unsqueeze(-1)).dtype))
+        return super().forward(input_x, labels)
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate keeps one process-wide precision: start from none, and leave none for the tests that follow."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_mixed_precision_evaluates_under_its_autocast_before_and_after_training(out_dir, fresh_accelerate_state):
+    # As the reference: it prepares the model for evaluation, so bf16=True evaluates in bf16 even before train().
+    model = OutputDtypeRecorder()
+    trainer = Trainer(model=model, args=make_args(out_dir, bf16=True, max_steps=2), train_dataset=RegressionDataset(),
+                      eval_dataset=RegressionDataset(length=8))
+    trainer.evaluate()
+    assert {dtype for training, dtype in model.seen} == {torch.bfloat16}
+    trainer.train()
+    model.seen.clear()
+    trainer.predict(RegressionDataset(length=8))
+    assert {dtype for training, dtype in model.seen} == {torch.bfloat16}
+
+
+def test_full_precision_evaluates_without_autocast(out_dir):
+    model = OutputDtypeRecorder()
+    Trainer(model=model, args=make_args(out_dir), eval_dataset=RegressionDataset(length=8)).evaluate()
+    assert {dtype for training, dtype in model.seen} == {torch.float32}
+
+
 def test_eval_strategy_without_eval_dataset_is_an_error(out_dir):
     with pytest.raises(ValueError, match="eval_dataset"):
         Trainer(model=RegressionModel(), args=make_args(out_dir, eval_strategy="epoch"),

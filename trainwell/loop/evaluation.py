@@ -19,6 +19,7 @@ of each process are real, so metrics and ``eval_loss`` cover exactly the dataset
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -102,9 +103,14 @@ def evaluation_loop(
         hooks.optimizer.eval()  # schedule-free optimizers evaluate with their averaged weights
     hooks.callback_handler.eval_dataloader = dataloader
     run = _EvalRun(hooks, dataloader, description, prediction_loss_only)
-    for step, (item, is_last) in enumerate(_with_last(dataloader)):
-        run.step(model, step, item, is_last, ignore_keys)
-        hooks.control = hooks.callback_handler.on_prediction_step(args, hooks.state, hooks.control)
+    # Under fp16/bf16 the forward runs in the autocast it trains in, also before training, when Accelerate has
+    # not wrapped the model's forward yet (as the reference, which prepares the model for evaluation). A
+    # *_full_eval copy already has its dtype.
+    as_trained = model is hooks.model or model is hooks.model_wrapped
+    with hooks.precision.autocast() if as_trained else contextlib.nullcontext():
+        for step, (item, is_last) in enumerate(_with_last(dataloader)):
+            run.step(model, step, item, is_last, ignore_keys)
+            hooks.control = hooks.callback_handler.on_prediction_step(args, hooks.state, hooks.control)
     return run.finish(metric_key_prefix)
 
 
