@@ -102,8 +102,10 @@ def test_resume_true_passes_over_several_damaged_checkpoints(run_dir, caplog):
 def test_no_complete_checkpoint_is_a_clear_error(run_dir):
     for step in range(1, 5):
         (run_dir / f"checkpoint-{step}" / "trainer_state.json").unlink()
+    trainer = _trainer(str(run_dir))
     with pytest.raises(ValueError, match="no complete checkpoint"):
-        _trainer(str(run_dir)).train(resume_from_checkpoint=True)
+        trainer.train(resume_from_checkpoint=True)
+    assert not trainer.is_in_train  # the failed call leaves the Trainer usable (evaluate() as outside training)
 
 
 @pytest.mark.parametrize("damage", ["truncated-model", "missing-optimizer", "bad-json-trainer-state"])

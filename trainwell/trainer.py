@@ -29,6 +29,7 @@ from torch import nn
 from trainwell import wiring
 from trainwell.backend.runtime import Runtime, to_device
 from trainwell.checkpoint import contents
+from trainwell.checkpoint.contents import Phase
 from trainwell.checkpoint.io import load_model_weights
 from trainwell.checkpoint.layout import TRAINER_STATE_NAME
 from trainwell.checkpoint.resume import Resume
@@ -171,15 +172,17 @@ class Trainer:
             self.lr_scheduler = None  # built for the previous call's length: build it again for this one
         if self.args.activation_checkpointing:
             wiring.enable_activation_checkpointing(self.model, self.args.activation_checkpointing_kwargs)
-        resume = Resume.find(resume_from_checkpoint, self.args.output_dir)
-        if resume is not None:
-            self._load_from_checkpoint(resume.path)
         try:
-            return FitLoop(self, resume, trial, ignore_keys_for_eval).run()
+            resume = Resume.find(resume_from_checkpoint, self.args.output_dir)
+            if resume is not None:
+                resume.restore(self, Phase.WEIGHTS)
+            output = FitLoop(self, resume, trial, ignore_keys_for_eval).run()
         finally:
             self.is_in_train = False
-            if wiring.end_preemption(self.callback_handler):
-                raise KeyboardInterrupt  # Ctrl-C with enable_jit_checkpoint: saved, now stop as Ctrl-C would
+            interrupted = wiring.end_preemption(self.callback_handler)
+        if interrupted:  # Ctrl-C with enable_jit_checkpoint: the checkpoint is saved, now stop as Ctrl-C would
+            raise KeyboardInterrupt
+        return output
 
     def set_initial_training_values(self, args: TrainingArguments, dataloader: Any) -> StepPlan:
         """The run's step arithmetic; unpacks as the reference's 7-tuple (see ``trainwell.loop.plan``)."""
