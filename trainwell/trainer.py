@@ -186,9 +186,9 @@ class Trainer:
 
     def set_initial_training_values(self, args: TrainingArguments, dataloader: Any) -> StepPlan:
         """The run's step arithmetic; unpacks as the reference's 7-tuple (see ``trainwell.loop.plan``)."""
-        sized = loaders.has_length(dataloader)
-        return build_plan(args, len(dataloader) if sized else None, self.num_examples(dataloader) if sized else None,
-                          self.get_total_train_batch_size(args))
+        batches = loaders.length_or_none(dataloader)
+        examples = self.num_examples(dataloader) if batches is not None else None
+        return build_plan(args, batches, examples, self.get_total_train_batch_size(args))
 
     def get_total_train_batch_size(self, args: TrainingArguments) -> int:
         return self._train_batch_size * args.gradient_accumulation_steps * self.runtime.num_processes

@@ -30,11 +30,16 @@ from trainwell.utils.seed import seed_worker
 logger = logging.getLogger(__name__)
 
 
-def has_length(dataset: Any) -> bool:
+def length_or_none(obj: Any) -> int | None:
+    """``len(obj)``, or None for an object without a length (an iterable dataset, a loader over one)."""
     try:
-        return len(dataset) is not None
+        return len(obj)
     except (TypeError, NotImplementedError, AttributeError):
-        return False
+        return None
+
+
+def has_length(dataset: Any) -> bool:
+    return length_or_none(dataset) is not None
 
 
 def is_iterable(dataset: Any) -> bool:

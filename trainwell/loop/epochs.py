@@ -34,12 +34,15 @@ class EpochIterator:
     def __init__(self, hooks: TrainerHooks, feed: TrainFeed, plan: StepPlan, resume: Resume | None) -> None:
         self.hooks, self.feed, self.plan, self.resume = hooks, feed, plan, resume
         self.replay = not hooks.args.ignore_data_skip
+        #: micro-batches of the current epoch consumed so far (those a resume skipped included)
+        self.consumed = 0
 
     def start(self, epoch: int, skip_windows: int) -> Iterator[list[Any]]:
         """The windows of ``epoch`` after its first ``skip_windows`` (a lazy iterator: nothing read ahead)."""
         resume = self.resume
         resuming_here = resume is not None and epoch == resume.epoch
-        batches = self._batches(epoch, self.plan.batches_before(skip_windows), resuming_here)
+        self.consumed = self.plan.batches_before(skip_windows)
+        batches = self._batches(epoch, self.consumed, resuming_here)
         if resuming_here:
             resume.restore(self.hooks, Phase.RNG)
         return self._windows(batches, skip_windows)
@@ -50,6 +53,7 @@ class EpochIterator:
             taken = [batch for _, batch in zip(range(size), batches)]
             if not taken:
                 return
+            self.consumed += len(taken)
             yield taken
             window += 1
 

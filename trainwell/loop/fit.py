@@ -118,18 +118,16 @@ class FitLoop:
     def _run_epoch(self, epochs: EpochIterator, epoch: int, skip_windows: int) -> None:
         hooks, plan = self.hooks, self.run.plan
         windows = epochs.start(epoch, skip_windows)
-        step = plan.batches_before(skip_windows) - 1  # index of the last micro-batch consumed in this epoch
         while not (hooks.control.should_epoch_stop or hooks.control.should_training_stop):
             window = next(windows, None)
             if window is None:
                 break
             self.step.run_window(window)
-            step += len(window)
             hooks.state.global_step += 1
-            hooks.state.epoch = epoch + (step + 1) / plan.steps_in_epoch
+            hooks.state.epoch = epoch + epochs.consumed / plan.steps_in_epoch
             self._fire("on_step_end")
             self._boundary(epoch)
-        if step < 0:
+        if epochs.consumed == 0:
             logger.warning(
                 "The training data yielded no batch in epoch %d; stopping at step %d. An IterableDataset shorter "
                 "than max_steps × batch size ends training early like this.", epoch, hooks.state.global_step,
