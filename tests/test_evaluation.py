@@ -159,17 +159,7 @@ class OutputDtypeRecorder(RegressionModel):
         return super().forward(input_x, labels)
 
 
-@pytest.fixture
-def fresh_accelerate_state():
-    """Accelerate keeps one process-wide precision: start from none, and leave none for the tests that follow."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
-def test_mixed_precision_evaluates_under_its_autocast_before_and_after_training(out_dir, fresh_accelerate_state):
+def test_mixed_precision_evaluates_under_its_autocast_before_and_after_training(out_dir):
     # As the reference: it prepares the model for evaluation, so bf16=True evaluates in bf16 even before train().
     model = OutputDtypeRecorder()
     trainer = Trainer(model=model, args=make_args(out_dir, bf16=True, max_steps=2), train_dataset=RegressionDataset(),

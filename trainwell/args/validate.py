@@ -26,6 +26,13 @@ from trainwell.outputs import IntervalStrategy, SaveStrategy, SchedulerType
 from trainwell.utils.errors import choice_error, did_you_mean
 
 INCLUDE_FOR_METRICS_CHOICES: tuple[str, ...] = ("inputs", "loss")
+# What Accelerate's dynamo plugin accepts (accelerate.utils.DynamoBackend), written out so that constructing the
+# arguments imports neither accelerate nor torch; and torch.compile's modes.
+COMPILE_BACKENDS: tuple[str, ...] = (
+    "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs", "ofi", "fx2trt", "onnxrt",
+    "tensorrt", "aot_torchxla_trace_once", "torchxla_trace_once", "tvm", "hpu_backend", "neuron",
+)
+COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def _positive_int(value: Any) -> bool:
@@ -145,6 +152,13 @@ def _check_precision(args: Any) -> None:
         )
 
 
+def _check_compile(args: Any) -> None:
+    if args.torch_compile_backend is not None and args.torch_compile_backend not in COMPILE_BACKENDS:
+        raise choice_error("torch_compile_backend", args.torch_compile_backend, COMPILE_BACKENDS)
+    if args.torch_compile_mode is not None and args.torch_compile_mode not in COMPILE_MODES:
+        raise choice_error("torch_compile_mode", args.torch_compile_mode, COMPILE_MODES)
+
+
 def _check_scheduler(args: Any) -> None:
     if args.lr_scheduler_type in (SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY):
         if args.eval_strategy == IntervalStrategy.NO:
@@ -205,6 +219,7 @@ _CHECKS: tuple[Callable[[Any], None], ...] = (
     _check_intervals,
     _check_best_model,
     _check_precision,
+    _check_compile,
     _check_scheduler,
     _check_dataloader,
     _check_optim_args,

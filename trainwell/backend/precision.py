@@ -20,6 +20,16 @@ from typing import Any
 import torch
 
 
+def check_precision_supported(mode: str, device: Any) -> None:
+    """fp16 on a CPU is an error: Accelerate would report fp16 and silently train in float32 there."""
+    if mode == "fp16" and getattr(device, "type", device) == "cpu":
+        raise ValueError(
+            "fp16=True (mixed_precision='fp16') on a CPU: Accelerate runs neither fp16 autocast nor a grad scaler "
+            "on the CPU, so training would silently stay in float32. Use bf16=True (CPU autocast runs bfloat16), "
+            "or train on a GPU."
+        )
+
+
 class Precision:
     """The precision policy of one run, built once from the arguments by ``Runtime``.
 

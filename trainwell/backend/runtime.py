@@ -1,9 +1,9 @@
 """The runtime: the one place that talks to ``accelerate``.
 
-Owns building the ``Accelerator`` from ``TrainingArguments`` (device, DDP settings, process group, and the
-``Precision`` of ``trainwell.backend.precision``) and the handful of operations the loops need from it
-(prepare, no_sync, gather, reduce, barrier). The loops read these objects, never ``args.fp16`` or
-``args.use_cpu``: flags become objects here, once.
+Owns the ``Accelerator`` of one Trainer (built from ``TrainingArguments`` by ``trainwell.backend.engines``),
+the process topology, the ``Precision`` of ``trainwell.backend.precision``, and the handful of operations the
+loops need from Accelerate (prepare, no_sync, gather, reduce, barrier). The loops read these objects, never
+``args.fp16`` or ``args.use_cpu``: flags become objects here, once.
 
 Multi-process training is whatever Accelerate sets up from ``torchrun`` / ``accelerate launch``; there is no
 home-made distributed layer.
@@ -12,12 +12,12 @@ home-made distributed layer.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 from typing import Any
 
 import torch
 
+from trainwell.backend.engines import build_accelerator
 from trainwell.backend.precision import Precision
 
 logger = logging.getLogger(__name__)
@@ -63,48 +63,7 @@ class Runtime:
     """Device, precision and process topology for one ``Trainer``, backed by an ``accelerate.Accelerator``."""
 
     def __init__(self, args: Any) -> None:
-        from accelerate import Accelerator
-        from accelerate.utils import (
-            DataLoaderConfiguration,
-            DistributedDataParallelKwargs,
-            InitProcessGroupKwargs,
-        )
-
-        acc_cfg = _accelerator_config_dict(args)
-        handlers: list[Any] = []
-        ddp_kwargs = {
-            "find_unused_parameters": args.ddp_find_unused_parameters,
-            "bucket_cap_mb": args.ddp_bucket_cap_mb,
-            "broadcast_buffers": args.ddp_broadcast_buffers,
-            "static_graph": args.ddp_static_graph,
-        }
-        ddp_kwargs = {k: v for k, v in ddp_kwargs.items() if v is not None}
-        if ddp_kwargs:
-            handlers.append(DistributedDataParallelKwargs(**ddp_kwargs))
-        pg_kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=args.ddp_timeout)}
-        if args.ddp_backend is not None:
-            pg_kwargs["backend"] = args.ddp_backend
-        handlers.append(InitProcessGroupKwargs(**pg_kwargs))
-
-        dl_config = DataLoaderConfiguration(
-            split_batches=acc_cfg.get("split_batches", False),
-            dispatch_batches=acc_cfg.get("dispatch_batches"),
-            even_batches=acc_cfg.get("even_batches", True),
-            # trainwell's own samplers are seeded and resumable; Accelerate must not swap them.
-            use_seedable_sampler=False,
-            non_blocking=acc_cfg.get("non_blocking", False),
-        )
-        self.accelerator = Accelerator(
-            mixed_precision=getattr(args, "mixed_precision", None) or _precision_from_flags(args),
-            cpu=bool(args.use_cpu),
-            kwargs_handlers=handlers,
-            dataloader_config=dl_config,
-            # The trainer steps the scheduler itself, once per optimizer step.
-            step_scheduler_with_optimizer=False,
-            # No RNG broadcast at each epoch start: it would overwrite a rank's restored RNG on resume, and
-            # trainwell's samplers draw from their own seeded generators anyway.
-            rng_types=[],
-        )
+        self.accelerator = build_accelerator(args)
         state = self.accelerator.state
         self.device: torch.device = self.accelerator.device
         self.num_processes: int = state.num_processes
@@ -117,6 +76,11 @@ class Runtime:
             _destroy_process_group_at_exit()
         self.mixed_precision: str = str(self.accelerator.mixed_precision)
         self.precision = Precision(self.accelerator, args)
+        dynamo = state.dynamo_plugin
+        #: torch.compile's backend when models are compiled (``torch_compile`` or ``accelerate launch``), else None
+        self.compile_backend: str | None = None if dynamo.backend.value == "NO" else dynamo.backend.value.lower()
+        self._compile_kwargs = dynamo.to_kwargs() if self.compile_backend else {}
+        self._compiled: dict[int, tuple[Any, Any]] = {}
 
     # ----------------------------------------------------------------------------------------- preparation
     def prepare_model(self, model: torch.nn.Module, evaluation_mode: bool = False) -> torch.nn.Module:
@@ -142,6 +106,18 @@ class Runtime:
         if not self.distributed and self.device.type == "cpu":
             return dataloader
         return self.accelerator.prepare_data_loader(dataloader)
+
+    def compiled(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` compiled as training compiles it (one wrapper per model, kept), or ``model`` itself.
+
+        For evaluating a model that training has not prepared (and so not compiled) yet.
+        """
+        if self.compile_backend is None or hasattr(model, "_orig_mod"):
+            return model
+        kept = self._compiled.get(id(model))
+        if kept is None or kept[0] is not model:
+            kept = self._compiled[id(model)] = (model, torch.compile(model, **self._compile_kwargs))
+        return kept[1]
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return self.accelerator.unwrap_model(model)
@@ -193,36 +169,3 @@ def to_device(data: Any, device: torch.device) -> Any:
     if isinstance(data, (list, tuple)):
         return type(data)(to_device(v, device) for v in data)
     return data
-
-
-def _precision_from_flags(args: Any) -> str:
-    if getattr(args, "bf16", False):
-        return "bf16"
-    if getattr(args, "fp16", False):
-        return "fp16"
-    return "no"
-
-
-def _accelerator_config_dict(args: Any) -> dict[str, Any]:
-    cfg = getattr(args, "accelerator_config", None)
-    if cfg is None:
-        return {}
-    if hasattr(cfg, "to_dict"):
-        cfg = cfg.to_dict()
-    cfg = dict(cfg)
-    if cfg.get("gradient_accumulation_kwargs"):
-        raise NotImplementedError(
-            "accelerator_config.gradient_accumulation_kwargs is not supported by trainwell: set "
-            "gradient_accumulation_steps instead (trainwell accumulates gradients itself)."
-        )
-    if cfg.get("use_configured_state"):
-        raise NotImplementedError(
-            "accelerator_config.use_configured_state is not supported by trainwell yet: let the Trainer build "
-            "its own Accelerator."
-        )
-    if cfg.get("use_seedable_sampler") is False:
-        logger.warning(
-            "accelerator_config.use_seedable_sampler=False is ignored: trainwell samplers are always seeded from "
-            "data_seed or seed, which is what makes resume exact."
-        )
-    return cfg

@@ -106,7 +106,7 @@ def evaluation_loop(
     # Under fp16/bf16 the forward runs in the autocast it trains in, also before training, when Accelerate has
     # not wrapped the model's forward yet (as the reference, which prepares the model for evaluation). A
     # *_full_eval copy already has its dtype.
-    as_trained = model is hooks.model or model is hooks.model_wrapped
+    as_trained = hooks.precision.eval_dtype is None
     with hooks.precision.autocast() if as_trained else contextlib.nullcontext():
         for step, (item, is_last) in enumerate(_with_last(dataloader)):
             run.step(model, step, item, is_last, ignore_keys)
@@ -115,13 +115,14 @@ def evaluation_loop(
 
 
 def model_for_evaluation(hooks: TrainerHooks) -> torch.nn.Module:
-    """The training wrapper during training; a half-precision copy with ``*_full_eval``; else the model."""
+    """The training wrapper during training; a half-precision copy with ``*_full_eval``; else the model
+    (compiled, with ``torch_compile``, as training compiles it)."""
     copy = hooks.precision.evaluation_copy(model_utils.unwrap(hooks.model))
     if copy is not None:
         return copy
     if hooks.is_in_train or hooks.model_wrapped is not hooks.model:
         return hooks.model_wrapped
-    return hooks.model
+    return hooks.runtime.compiled(hooks.model)
 
 
 def prediction_step(

@@ -16,6 +16,7 @@ replaces is the one called. The order of events is written once, on ``trainwell.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from trainwell.checkpoint.contents import Phase
@@ -54,6 +55,7 @@ class FitLoop:
         model = self._prepare(plan, loader)
         run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader), resume)
         self.step = OptimizerStep(hooks, model, run)
+        self.timing_compile = hooks.runtime.compile_backend is not None  # the first step compiles: say how long
         self.model, self.run = model, run
         model.zero_grad(set_to_none=True)
         self._fire("on_train_begin")
@@ -122,7 +124,10 @@ class FitLoop:
             window = next(windows, None)
             if window is None:
                 break
+            started = time.perf_counter() if self.timing_compile else 0.0
             self.step.run_window(window)
+            if self.timing_compile:
+                self._log_compile_time(time.perf_counter() - started)
             hooks.state.global_step += 1
             hooks.state.epoch = epoch + epochs.consumed / plan.steps_in_epoch
             self._fire("on_step_end")
@@ -135,6 +140,11 @@ class FitLoop:
             hooks.control.should_training_stop = True
         self._fire("on_epoch_end")
         self._boundary(epoch)
+
+    def _log_compile_time(self, seconds: float) -> None:
+        self.timing_compile = False
+        logger.info("torch.compile (%s backend): the first training step took %.1f s, compilation included.",
+                    self.hooks.runtime.compile_backend, seconds)
 
     def _boundary(self, epoch: int) -> None:
         self.hooks._maybe_log_save_evaluate(

@@ -1,0 +1,61 @@
+"""Mixed precision as one object (``trainwell.backend.precision.Precision``): what happens around the fp16 grad
+scaler. No CPU run has a scaler (Accelerate builds one on GPUs only), so these tests give the Precision of a CPU
+run a real ``torch.amp.GradScaler("cpu")``, or a skip pattern, to exercise the same code paths."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tests.common.models import RegressionDataset, RegressionModel
+from tests.conftest import make_args
+from trainwell import Trainer
+from trainwell.backend.precision import Precision
+
+
+def _trainer(out_dir, **kwargs):
+    torch.manual_seed(0)
+    args = make_args(out_dir, per_device_train_batch_size=8, logging_steps=1, **kwargs)
+    return Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset())
+
+
+class SkipsEverySecondStep(Precision):
+    """As an fp16 scaler does on overflow: the optimizer step is skipped (here every second one)."""
+
+    @property
+    def step_was_skipped(self) -> bool:
+        self.asked = getattr(self, "asked", 0) + 1
+        return self.asked % 2 == 0
+
+
+def test_a_skipped_step_does_not_step_the_scheduler(out_dir):
+    trainer = _trainer(out_dir, max_steps=4, warmup_steps=0)
+    trainer.precision.__class__ = SkipsEverySecondStep
+    trainer.precision.can_skip_steps = True
+    trainer.train()
+    assert trainer.lr_scheduler.last_epoch == 2  # 4 optimizer steps, 2 of them skipped
+    lrs = [h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h]
+    assert lrs[1] == lrs[2] and lrs[3] < lrs[2]  # the schedule stood still over the skipped step
+
+
+def _with_scaler(trainer, scale):
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+    trainer.precision._scaler, trainer.precision.can_skip_steps = scaler, True
+    return scaler
+
+
+def test_the_grad_scaler_state_is_saved_in_scaler_pt_and_restored(out_dir):
+    first = _trainer(out_dir, max_steps=2, save_strategy="steps", save_steps=2)
+    _with_scaler(first, 1024.0)
+    first.train()
+    assert os.path.isfile(os.path.join(out_dir, "checkpoint-2", "scaler.pt"))
+    resumed = _trainer(out_dir, max_steps=4)
+    scaler = _with_scaler(resumed, 2.0)
+    resumed.train(resume_from_checkpoint=True)
+    assert scaler.get_scale() == 1024.0
+
+
+def test_without_a_scaler_no_scaler_pt_is_written(out_dir):
+    _trainer(out_dir, max_steps=2, save_strategy="steps", save_steps=2).train()
+    assert not os.path.exists(os.path.join(out_dir, "checkpoint-2", "scaler.pt"))

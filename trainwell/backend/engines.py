@@ -1,0 +1,118 @@
+"""Building the ``Accelerator`` from ``TrainingArguments``: which engine runs the model, and how.
+
+Owns the translation of the reference's arguments into Accelerate's objects: the process group
+(``ddp_backend``, ``ddp_timeout``), DDP options, the data-loader configuration (``accelerator_config``),
+mixed precision, and ``torch_compile*`` (Accelerate's dynamo plugin). Settings that ``accelerate launch`` or
+``accelerate config`` put in the environment are honoured by Accelerate itself. ``Runtime`` keeps the result.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def build_accelerator(args: Any) -> Any:
+    """The ``accelerate.Accelerator`` for ``args`` (creates the process group under torchrun).
+
+    Accelerate keeps one process-wide state and ignores the precision and plugins of any later Accelerator
+    (or refuses a different precision). Like the reference (which resets it when its arguments set up the
+    device), each Trainer starts from a fresh state, so a second Trainer in a script or a notebook gets its own
+    settings. The process group itself is kept.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DataLoaderConfiguration
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+    from trainwell.backend.precision import check_precision_supported
+
+    acc_cfg = _accelerator_config_dict(args)
+    mixed_precision = getattr(args, "mixed_precision", None) or _precision_from_flags(args)
+    check_precision_supported(mixed_precision, args.device)
+    dl_config = DataLoaderConfiguration(
+        split_batches=acc_cfg.get("split_batches", False),
+        dispatch_batches=acc_cfg.get("dispatch_batches"),
+        even_batches=acc_cfg.get("even_batches", True),
+        # trainwell's own samplers are seeded and resumable; Accelerate must not swap them.
+        use_seedable_sampler=False,
+        non_blocking=acc_cfg.get("non_blocking", False),
+    )
+    return Accelerator(
+        mixed_precision=mixed_precision,
+        cpu=bool(args.use_cpu),
+        kwargs_handlers=_kwargs_handlers(args),
+        dataloader_config=dl_config,
+        dynamo_plugin=_dynamo_plugin(args),
+        # The trainer steps the scheduler itself, once per optimizer step.
+        step_scheduler_with_optimizer=False,
+        # No RNG broadcast at each epoch start: it would overwrite a rank's restored RNG on resume, and
+        # trainwell's samplers draw from their own seeded generators anyway.
+        rng_types=[],
+    )
+
+
+def _kwargs_handlers(args: Any) -> list[Any]:
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+    handlers: list[Any] = []
+    ddp_kwargs = {
+        "find_unused_parameters": args.ddp_find_unused_parameters,
+        "bucket_cap_mb": args.ddp_bucket_cap_mb,
+        "broadcast_buffers": args.ddp_broadcast_buffers,
+        "static_graph": args.ddp_static_graph,
+    }
+    ddp_kwargs = {k: v for k, v in ddp_kwargs.items() if v is not None}
+    if ddp_kwargs:
+        handlers.append(DistributedDataParallelKwargs(**ddp_kwargs))
+    pg_kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=args.ddp_timeout)}
+    if args.ddp_backend is not None:
+        pg_kwargs["backend"] = args.ddp_backend
+    handlers.append(InitProcessGroupKwargs(**pg_kwargs))
+    return handlers
+
+
+def _dynamo_plugin(args: Any) -> Any:
+    """``torch_compile``: Accelerate compiles the model it prepares; None leaves Accelerate's environment default."""
+    if not args.torch_compile:
+        return None
+    from accelerate.utils import TorchDynamoPlugin
+
+    return TorchDynamoPlugin(backend=args.torch_compile_backend, mode=args.torch_compile_mode)
+
+
+def _precision_from_flags(args: Any) -> str:
+    if getattr(args, "bf16", False):
+        return "bf16"
+    if getattr(args, "fp16", False):
+        return "fp16"
+    return "no"
+
+
+def _accelerator_config_dict(args: Any) -> dict[str, Any]:
+    cfg = getattr(args, "accelerator_config", None)
+    if cfg is None:
+        return {}
+    if hasattr(cfg, "to_dict"):
+        cfg = cfg.to_dict()
+    cfg = dict(cfg)
+    if cfg.get("gradient_accumulation_kwargs"):
+        raise NotImplementedError(
+            "accelerator_config.gradient_accumulation_kwargs is not supported by trainwell: set "
+            "gradient_accumulation_steps instead (trainwell accumulates gradients itself)."
+        )
+    if cfg.get("use_configured_state"):
+        raise NotImplementedError(
+            "accelerator_config.use_configured_state is not supported by trainwell yet: let the Trainer build "
+            "its own Accelerator."
+        )
+    if cfg.get("use_seedable_sampler") is False:
+        logger.warning(
+            "accelerator_config.use_seedable_sampler=False is ignored: trainwell samplers are always seeded from "
+            "data_seed or seed, which is what makes resume exact."
+        )
+    return cfg
