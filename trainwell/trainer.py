@@ -30,7 +30,6 @@ from trainwell import wiring
 from trainwell.backend.runtime import Runtime, to_device
 from trainwell.checkpoint import contents
 from trainwell.checkpoint.contents import Phase
-from trainwell.checkpoint.io import load_model_weights
 from trainwell.checkpoint.layout import TRAINER_STATE_NAME
 from trainwell.checkpoint.resume import Resume
 from trainwell.data import loaders
@@ -435,8 +434,11 @@ class Trainer:
         return self.args.output_dir
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Write the model (safetensors), processing class and training args to ``output_dir``."""
-        self._save(output_dir)
+        """Write the model (safetensors), processing class and training args to ``output_dir``.
+
+        Under FSDP the full weights are gathered from every process first: every process must call it.
+        """
+        contents.save_model(self, output_dir, _internal_call)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         if self.args.should_save:
@@ -459,7 +461,7 @@ class Trainer:
             self.state.save_to_json(os.path.join(self.args.output_dir, TRAINER_STATE_NAME))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
-        load_model_weights(model_utils.unwrap(model if model is not None else self.model), resume_from_checkpoint)
+        contents.load_model(model if model is not None else self.model, resume_from_checkpoint)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str) -> None:
         contents.load_optimizer_and_scheduler(self, checkpoint)
@@ -476,7 +478,7 @@ class Trainer:
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint
         logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
-        load_model_weights(model_utils.unwrap(self.model), best, strict=False)
+        contents.load_model(self.model_wrapped, best, strict=False)
 
     # ------------------------------------------------------------------------------------------ misc
     def is_local_process_zero(self) -> bool:

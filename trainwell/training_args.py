@@ -324,8 +324,8 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
     def __post_init__(self) -> None:
         normalize.normalize_args(self, AcceleratorConfig)
         validate.validate_args(self)
-        # Attributes the reference sets; trainwell builds plugins in its runtime, never here.
-        self.fsdp_plugin_args = None
+        # An attribute the reference sets; trainwell builds plugins in its runtime, never here. (fsdp_plugin_args,
+        # the reference's keyword arguments of the FSDP plugin, is set by normalization.)
         self.deepspeed_plugin = None
         support.check_supported(self, normalize.declared_defaults(TrainingArguments))
 

@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from trainwell.args.fsdp import normalize_fsdp
 from trainwell.integrations import TRACKERS
 from trainwell.outputs import HubStrategy, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
 from trainwell.utils.errors import choice_error, did_you_mean
@@ -364,6 +365,7 @@ def normalize_args(args: Any, accelerator_config_cls: type) -> None:
     coerce_numbers(args)
     parse_json_fields(args)
     _drop_inert_4x_values(args)
+    normalize_fsdp(args)
     resolve_checkpointing(args)
     if args.disable_tqdm is None:
         args.disable_tqdm = _default_disable_tqdm()

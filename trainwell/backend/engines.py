@@ -2,14 +2,16 @@
 
 Owns the translation of the reference's arguments into Accelerate's objects: the process group
 (``ddp_backend``, ``ddp_timeout``), DDP options, the data-loader configuration (``accelerator_config``),
-mixed precision, and ``torch_compile*`` (Accelerate's dynamo plugin). Settings that ``accelerate launch`` or
-``accelerate config`` put in the environment are honoured by Accelerate itself. ``Runtime`` keeps the result.
+mixed precision, ``torch_compile*`` (Accelerate's dynamo plugin) and ``fsdp``/``fsdp_config`` (its FSDP2
+plugin). Settings that ``accelerate launch`` or ``accelerate config`` put in the environment are honoured by
+Accelerate itself. ``Runtime`` keeps the result.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import os
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -28,6 +30,7 @@ def build_accelerator(args: Any) -> Any:
     from accelerate.utils import DataLoaderConfiguration
 
     AcceleratorState._reset_state(reset_partial_state=True)
+    _forget_earlier_engines(args)
 
     from trainwell.backend.precision import check_precision_supported
 
@@ -42,18 +45,21 @@ def build_accelerator(args: Any) -> Any:
         use_seedable_sampler=False,
         non_blocking=acc_cfg.get("non_blocking", False),
     )
-    return Accelerator(
+    accelerator = Accelerator(
         mixed_precision=mixed_precision,
         cpu=bool(args.use_cpu),
         kwargs_handlers=_kwargs_handlers(args),
         dataloader_config=dl_config,
         dynamo_plugin=_dynamo_plugin(args),
+        fsdp_plugin=_fsdp_plugin(args),
         # The trainer steps the scheduler itself, once per optimizer step.
         step_scheduler_with_optimizer=False,
         # No RNG broadcast at each epoch start: it would overwrite a rank's restored RNG on resume, and
         # trainwell's samplers draw from their own seeded generators anyway.
         rng_types=[],
     )
+    _check_fsdp_active(args, accelerator)
+    return accelerator
 
 
 def _kwargs_handlers(args: Any) -> list[Any]:
@@ -83,6 +89,48 @@ def _dynamo_plugin(args: Any) -> Any:
     from accelerate.utils import TorchDynamoPlugin
 
     return TorchDynamoPlugin(backend=args.torch_compile_backend, mode=args.torch_compile_mode)
+
+
+# What the launcher (accelerate launch) put in the environment, read before any Accelerator of this process ran:
+# an Accelerator given an FSDP plugin writes ACCELERATE_USE_FSDP=true into os.environ for good.
+_LAUNCH_FSDP: str | None = None
+_LAUNCH_READ = False
+
+
+def _forget_earlier_engines(args: Any) -> None:
+    """Keep an earlier Trainer's FSDP (recorded in os.environ by Accelerate) from applying to this one."""
+    global _LAUNCH_FSDP, _LAUNCH_READ
+    if not _LAUNCH_READ:
+        _LAUNCH_FSDP, _LAUNCH_READ = os.environ.get("ACCELERATE_USE_FSDP"), True
+    if not args.fsdp:
+        if _LAUNCH_FSDP is None:
+            os.environ.pop("ACCELERATE_USE_FSDP", None)
+        else:
+            os.environ["ACCELERATE_USE_FSDP"] = _LAUNCH_FSDP
+
+
+def _fsdp_plugin(args: Any) -> Any:
+    """``fsdp``/``fsdp_config``: Accelerate's FSDP plugin (FSDP2); None leaves ``accelerate launch --use_fsdp``'s."""
+    if not args.fsdp:
+        return None
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    return FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
+
+
+def _check_fsdp_active(args: Any, accelerator: Any) -> None:
+    """FSDP asked for but not running is an error: Accelerate would silently train without it (DDP or one process)."""
+    from accelerate.utils import DistributedType
+
+    asked = args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("true", "1")
+    if asked and accelerator.distributed_type != DistributedType.FSDP:
+        raise RuntimeError(
+            f"FSDP was asked for ({'fsdp=True' if args.fsdp else 'accelerate launch --use_fsdp'}) but Accelerate "
+            f"set up {accelerator.distributed_type.value} instead: it runs FSDP only in processes started by a "
+            "distributed launcher on GPUs (torchrun --nproc_per_node N, or accelerate launch --use_fsdp "
+            "--num_processes N), and never with use_cpu=True or on a CPU-only machine. Launch it that way, or "
+            "drop fsdp to train with DDP."
+        )
 
 
 def _precision_from_flags(args: Any) -> str:

@@ -74,6 +74,20 @@ class Runtime:
         self.distributed: bool = self.num_processes > 1
         if self.distributed:
             _destroy_process_group_at_exit()
+        from accelerate.utils import DistributedType
+
+        #: the model is sharded across processes (FSDP2): checkpoints and full weights need every process
+        self.shards_model: bool = self.accelerator.distributed_type == DistributedType.FSDP
+        #: FSDP checkpoints keep the model sharded (``fsdp_config["state_dict_type"]="SHARDED_STATE_DICT"``)
+        self.sharded_checkpoints: bool = self.shards_model and "SHARDED" in str(
+            self.accelerator.state.fsdp_plugin.state_dict_type
+        )
+        if self.sharded_checkpoints and args.save_only_model:
+            raise ValueError(
+                "save_only_model=True with fsdp_config['state_dict_type']='SHARDED_STATE_DICT': a sharded checkpoint "
+                "keeps the model's shards with the optimizer's. Use state_dict_type='FULL_STATE_DICT' to save only "
+                "full model weights, or save_only_model=False."
+            )
         self.mixed_precision: str = str(self.accelerator.mixed_precision)
         self.precision = Precision(self.accelerator, args)
         dynamo = state.dynamo_plugin
@@ -86,6 +100,13 @@ class Runtime:
     def prepare_model(self, model: torch.nn.Module, evaluation_mode: bool = False) -> torch.nn.Module:
         """Place the model and wrap it (DDP, autocast) as Accelerate decides."""
         return self.accelerator.prepare_model(model, evaluation_mode=evaluation_mode)
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, Any]:
+        """The model and optimizer for training. FSDP shards both in one call (the optimizer's parameters become
+        the sharded ones); otherwise the model is wrapped and the optimizer wrapped only when needed."""
+        if self.shards_model and type(optimizer).__name__ != "AcceleratedOptimizer":
+            return self.accelerator.prepare(model, optimizer)
+        return self.prepare_model(model), self.prepare_optimizer(optimizer)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Wrap the optimizer when Accelerate has work to do in ``step`` (a grad scaler, DeepSpeed, XLA).

@@ -26,7 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainwell.checkpoint.io import AtomicDirectory, safe_torch_load, save_model_weights, torch_save, write_json
+from trainwell.checkpoint import sharded
+from trainwell.checkpoint.io import (
+    AtomicDirectory,
+    load_model_weights,
+    read_model_weights,
+    safe_torch_load,
+    save_model_weights,
+    torch_save,
+    write_json,
+)
 from trainwell.checkpoint.layout import (
     OPTIMIZER_NAME,
     SCALER_NAME,
@@ -69,6 +78,7 @@ class Piece:
     restored: Phase
     saved_by: str  #: the Trainer method that writes it
     restored_by: str | None  #: the Trainer method that restores it
+    replaces: str | None = None  #: the piece this one stands in for (the sharded form, under FSDP)
 
 
 CONTENTS: tuple[Piece, ...] = (
@@ -78,6 +88,11 @@ CONTENTS: tuple[Piece, ...] = (
           "_load_optimizer_and_scheduler"),
     Piece("scheduler", SCHEDULER_NAME, False, True, True, Phase.OPTIMIZER, "_save_optimizer_and_scheduler",
           "_load_optimizer_and_scheduler"),
+    # Under FSDP (trainwell.checkpoint.sharded): every process writes its shards, the coordinator .metadata last.
+    Piece("model_shards", f"{sharded.MODEL_DIR}/{sharded.METADATA}", False, True, False, Phase.WEIGHTS,
+          "_save_optimizer_and_scheduler", "_load_from_checkpoint", replaces="model"),
+    Piece("optimizer_shards", f"{sharded.OPTIMIZER_DIR}/{sharded.METADATA}", False, True, False, Phase.OPTIMIZER,
+          "_save_optimizer_and_scheduler", "_load_optimizer_and_scheduler", replaces="optimizer"),
     Piece("scaler", SCALER_NAME, False, True, False, Phase.OPTIMIZER, "_save_scaler", "_load_scaler"),
     Piece("rng", "rng_state.pth", True, True, True, Phase.RNG, "_save_rng_state", "_load_rng_state"),
     Piece("data_position", "data_state.pth", True, True, False, Phase.DATA, "_save_rng_state", None),
@@ -120,9 +135,13 @@ def save_checkpoint(trainer: TrainerHooks, run_dir: str) -> Path:
     runtime.wait_for_everyone()
     tmp = str(atomic.tmp)
     for method in saving_methods(args.save_only_model):
-        getattr(trainer, method)(tmp)
+        if method == "save_model":
+            trainer.save_model(tmp, _internal_call=True)  # the reference's flag: a checkpoint's model
+        else:
+            getattr(trainer, method)(tmp)
+    # Every process: load_best_model_at_end reloads the best weights on all of them (under FSDP, together).
+    _update_best_checkpoint(trainer, run_dir)
     if args.should_save:
-        _update_best_checkpoint(trainer, run_dir)
         state.record_callback_states(trainer.callback_handler.callbacks + [trainer.control])
         state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
     runtime.wait_for_everyone()  # every rank's files are in the temporary folder
@@ -137,10 +156,29 @@ def save_checkpoint(trainer: TrainerHooks, run_dir: str) -> Path:
     return final
 
 
-def save_model_files(trainer: TrainerHooks, output_dir: str, state_dict: dict | None = None) -> None:
+def save_model(trainer: TrainerHooks, output_dir: str | None, internal_call: bool) -> None:
+    """``save_model``: the full weights, gathered from every process first under FSDP (a collective there).
+
+    A checkpoint of a run with sharded FSDP checkpoints skips the gathering: its model is written as shards,
+    with the optimizer (``_save_optimizer_and_scheduler``); only the arguments and processing class come here.
+    """
+    runtime = trainer.runtime
+    if not runtime.shards_model:
+        trainer._save(output_dir)
+    elif internal_call and runtime.sharded_checkpoints:
+        if trainer.args.should_save:
+            save_model_files(trainer, output_dir or trainer.args.output_dir, weights=False)
+    else:
+        trainer._save(output_dir, state_dict=sharded.full_model_state(model_utils.unwrap(trainer.model_wrapped)))
+
+
+def save_model_files(
+    trainer: TrainerHooks, output_dir: str, state_dict: dict | None = None, weights: bool = True
+) -> None:
     """The model (safetensors, or ``save_pretrained``), the processing class and ``training_args.json``."""
     os.makedirs(output_dir, exist_ok=True)
-    save_model_weights(model_utils.unwrap(trainer.model), output_dir, state_dict=state_dict)
+    if weights:
+        save_model_weights(model_utils.unwrap(trainer.model), output_dir, state_dict=state_dict)
     processing = trainer.processing_class or getattr(trainer.data_collator, "tokenizer", None)
     if processing is not None and hasattr(processing, "save_pretrained"):
         processing.save_pretrained(output_dir)
@@ -148,8 +186,16 @@ def save_model_files(trainer: TrainerHooks, output_dir: str, state_dict: dict | 
 
 
 def save_optimizer_and_scheduler(trainer: TrainerHooks, directory: str) -> None:
-    if trainer.args.should_save:
+    """The optimizer (sharded under FSDP, with the model when its checkpoints are sharded) and the scheduler."""
+    runtime, should_save = trainer.runtime, trainer.args.should_save
+    if runtime.shards_model:  # every process writes its shards
+        model = model_utils.unwrap(trainer.model_wrapped)
+        if runtime.sharded_checkpoints:
+            sharded.save_model_shards(model, directory)
+        sharded.save_optimizer_shards(model, trainer.optimizer, directory)
+    elif should_save:
         torch_save(trainer.optimizer.state_dict(), piece_file(directory, "optimizer"))
+    if should_save:
         torch_save(trainer.lr_scheduler.state_dict(), piece_file(directory, "scheduler"))
 
 
@@ -179,9 +225,31 @@ def _update_best_checkpoint(trainer: TrainerHooks, run_dir: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- loading
+def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
+    """The checkpoint's weights (shards or full) into ``model`` (sharded by FSDP or not)."""
+    model = model_utils.unwrap(model)  # a compiled model's weights are its original module's
+    if sharded.has_shards(checkpoint, sharded.MODEL_DIR):
+        sharded.load_model_shards(model, checkpoint)
+    elif sharded.is_sharded(model):
+        sharded.load_full_state(model, read_model_weights(checkpoint))
+    else:
+        load_model_weights(model, checkpoint, strict=strict)
+
+
 def load_optimizer_and_scheduler(trainer: TrainerHooks, checkpoint: str) -> None:
     """Restore the optimizer and scheduler states (after the optimizer was prepared)."""
     optimizer_file, scheduler_file = piece_file(checkpoint, "optimizer"), piece_file(checkpoint, "scheduler")
+    if sharded.has_shards(checkpoint, sharded.OPTIMIZER_DIR):
+        sharded.load_optimizer_shards(model_utils.unwrap(trainer.model_wrapped), trainer.optimizer, checkpoint)
+        if scheduler_file.is_file():
+            trainer.lr_scheduler.load_state_dict(safe_torch_load(scheduler_file))
+        return
+    if trainer.runtime.shards_model and optimizer_file.is_file():
+        raise ValueError(
+            f"{checkpoint} holds {OPTIMIZER_NAME}, written by a run without FSDP; an FSDP run restores the optimizer "
+            f"from its shards ({sharded.OPTIMIZER_DIR}/). Resume it without FSDP, or delete {OPTIMIZER_NAME} to "
+            "start the optimizer from scratch."
+        )
     if not optimizer_file.is_file():
         logger.warning(
             "%s has no %s (saved with save_only_model?): the optimizer starts fresh, so training will not "

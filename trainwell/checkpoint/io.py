@@ -124,6 +124,22 @@ def load_model_weights(model: nn.Module, directory: str | os.PathLike, strict: b
 
     Missing or unexpected keys raise when ``strict`` (naming them), and are warned about otherwise.
     """
+    state = read_model_weights(directory)
+    result = model.load_state_dict(state, strict=False)
+    # Tied weights saved once come back through the tie; they are not really missing.
+    missing = [k for k in result.missing_keys if not _is_tied_alias(model, k, state)]
+    if missing or result.unexpected_keys:
+        message = (
+            f"Weights in {directory} do not match the model: missing {missing}, "
+            f"unexpected {list(result.unexpected_keys)}."
+        )
+        if strict:
+            raise RuntimeError(message)
+        logger.warning(message)
+
+
+def read_model_weights(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The full weights in ``directory``: ``model.safetensors``, its sharded index, or ``pytorch_model.bin``."""
     directory = Path(directory)
     from safetensors.torch import load_file
 
@@ -140,17 +156,7 @@ def load_model_weights(model: nn.Module, directory: str | os.PathLike, strict: b
         raise FileNotFoundError(
             f"No model weights in {directory}: expected {WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} or {LEGACY_WEIGHTS_NAME}."
         )
-    result = model.load_state_dict(state, strict=False)
-    # Tied weights saved once come back through the tie; they are not really missing.
-    missing = [k for k in result.missing_keys if not _is_tied_alias(model, k, state)]
-    if missing or result.unexpected_keys:
-        message = (
-            f"Weights in {directory} do not match the model: missing {missing}, "
-            f"unexpected {list(result.unexpected_keys)}."
-        )
-        if strict:
-            raise RuntimeError(message)
-        logger.warning(message)
+    return state
 
 
 def _is_tied_alias(model: nn.Module, key: str, loaded: dict[str, torch.Tensor]) -> bool:

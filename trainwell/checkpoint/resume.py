@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainwell.checkpoint.contents import CONTENTS, Phase, load_data_position
+from trainwell.checkpoint.contents import CONTENTS, PIECES, Phase, load_data_position
 from trainwell.checkpoint.layout import (
     LEGACY_WEIGHTS_NAME,
     TRAINER_STATE_NAME,
@@ -35,6 +35,7 @@ from trainwell.state import TrainerState
 
 if TYPE_CHECKING:
     from trainwell.hooks import TrainerHooks
+    from trainwell.loop.plan import StepPlan
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +80,14 @@ class Resume:
         for method in dict.fromkeys(p.restored_by for p in CONTENTS if p.restored is phase and p.restored_by):
             getattr(hooks, method)(self.path)
 
-    def restore_state(self, hooks: TrainerHooks, updates_per_epoch: int, sized: bool) -> TrainerState:
-        """The checkpoint's ``TrainerState`` (and the callbacks' states); sets ``epoch`` and ``windows_done``."""
-        args = hooks.args
+    def restore_state(self, hooks: TrainerHooks, plan: StepPlan) -> TrainerState:
+        """The checkpoint's ``TrainerState``; sets ``epoch`` and ``windows_done`` (where the data stands).
+
+        The step count carries over as it is. The data position is ``global_step`` windows of *this* run's global
+        batch, so a resume with another world size continues the data exactly when the global batch is kept
+        (e.g. 2 processes x 4 -> 1 x 8); otherwise a warning says so.
+        """
+        args, updates_per_epoch, sized = hooks.args, plan.updates_per_epoch, plan.sized
         state = TrainerState.load_from_json(os.path.join(self.path, TRAINER_STATE_NAME))
         best = state.best_model_checkpoint
         if best is not None and not os.path.isdir(best):
@@ -91,11 +97,34 @@ class Resume:
         if not sized:
             self.epoch, windows = unsized_position(state, args)
         self.windows_done = 0 if args.ignore_data_skip else windows
+        before = checkpoint_global_batch(self.path, state)
+        if before is not None and before != plan.total_train_batch_size and not args.ignore_data_skip:
+            logger.warning(
+                "%s was trained with %d samples per optimizer step; this run takes %d. Training continues at step "
+                "%d, with the data position computed from this run's batch, so the rest of the epoch will not see "
+                "exactly the samples the interrupted run would have. To continue exactly, keep "
+                "per_device_train_batch_size x gradient_accumulation_steps x processes at %d.",
+                self.path, before, plan.total_train_batch_size, state.global_step, before,
+            )  # fmt: skip
         return state
 
     def restore_data(self, hooks: TrainerHooks, position: Any) -> bool:
         """Set a stateful dataset to its saved position; False when the batches must be replayed instead."""
         return load_data_position(hooks, self.path, position)
+
+
+def checkpoint_global_batch(path: str, state: TrainerState) -> int | None:
+    """Samples per optimizer step of the run that wrote the checkpoint at ``path`` (None when unknown): the
+    per-device batch from its state, the accumulation from its arguments, the processes from its RNG files."""
+    try:
+        saved_args = json.loads((Path(path) / TRAINING_ARGS_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    world = len(list(Path(path).glob("rng_state_*.pth"))) or int((Path(path) / "rng_state.pth").is_file())
+    ga = saved_args.get("gradient_accumulation_steps") if isinstance(saved_args, dict) else None
+    if not (state.train_batch_size and isinstance(ga, int) and world):
+        return None
+    return state.train_batch_size * ga * world
 
 
 def unsized_position(state: TrainerState, args: Any) -> tuple[int, int]:
@@ -135,7 +164,8 @@ def incomplete_reason(path: str | os.PathLike) -> str | None:
             return f"{TRAINER_STATE_NAME} is not a JSON object"
     except (OSError, ValueError) as err:
         return f"{TRAINER_STATE_NAME} is not valid JSON ({err})"
-    weights = [path / WEIGHTS_NAME, path / WEIGHTS_INDEX_NAME, path / LEGACY_WEIGHTS_NAME]
+    weights = [path / WEIGHTS_NAME, path / WEIGHTS_INDEX_NAME, path / LEGACY_WEIGHTS_NAME,
+               path / PIECES["model_shards"].file]
     if not any(w.is_file() for w in weights):
         return "no model weights file"
     for file in sorted(path.glob("*.safetensors")):
@@ -159,13 +189,17 @@ def _missing_training_state(path: Path) -> str | None:
     for piece in CONTENTS:
         if not (piece.training_state and piece.required):
             continue
-        present = (path / piece.file).is_file()
-        if piece.per_rank and not present:  # rng_state_0.pth, rng_state_1.pth, ... in a multi-process run
-            stem, _, suffix = piece.file.rpartition(".")
-            present = any(path.glob(f"{stem}_*.{suffix}"))
-        if not present:
-            return f"{piece.file} is missing"
+        forms = [piece] + [p for p in CONTENTS if p.replaces == piece.name]  # e.g. optimizer.pt or optimizer_0/
+        if not any(_present(path, form) for form in forms):
+            return " or ".join(form.file for form in forms) + " is missing"
     return None
+
+
+def _present(path: Path, piece: Any) -> bool:
+    if (path / piece.file).is_file():
+        return True
+    stem, _, suffix = piece.file.rpartition(".")  # rng_state_0.pth, rng_state_1.pth, ... with several processes
+    return piece.per_rank and any(path.glob(f"{stem}_*.{suffix}"))
 
 
 def _safetensors_problem(file: Path) -> str | None:

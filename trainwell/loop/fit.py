@@ -92,7 +92,7 @@ class FitLoop:
                  "is_world_process_zero": hooks.runtime.is_main_process}
         hooks.state = TrainerState(**roles)
         if resume is not None:
-            hooks.state = resume.restore_state(hooks, plan.updates_per_epoch, plan.sized)
+            hooks.state = resume.restore_state(hooks, plan)
             if args.restore_callback_states_from_checkpoint:
                 hooks._load_callback_state()
         state = hooks.state
@@ -106,8 +106,8 @@ class FitLoop:
         hooks, runtime = self.hooks, self.hooks.runtime
         if hooks.optimizer is None:
             hooks.create_optimizer()
-        model = hooks.model_wrapped = runtime.prepare_model(hooks.model)
-        hooks.optimizer = runtime.prepare_optimizer(hooks.optimizer)
+        model, hooks.optimizer = runtime.prepare(hooks.model, hooks.optimizer)
+        hooks.model_wrapped = model
         hooks.create_scheduler(num_training_steps=plan.max_steps, optimizer=hooks.optimizer)
         if self.resume is not None:
             self.resume.restore(hooks, Phase.OPTIMIZER)

@@ -1,0 +1,131 @@
+"""Trained by tests/test_fsdp.py under ``torchrun --nproc_per_node N`` on the CPU: FSDP2 (or DDP) through trainwell.
+
+Accelerate runs FSDP only in processes it started on GPUs: on a CPU-only machine every supported switch gives
+DDP (``MULTI_CPU``) and drops the FSDP plugin (see ../shared/reference/distributed_on_cpu.md). So that CI can
+exercise trainwell's real FSDP path (Accelerate's ``fully_shard`` preparation, DTensor parameters, sharded
+checkpoints), ``--fsdp-on-cpu`` installs a TEST-ONLY patch before the Trainer is built: right after an
+``Accelerator`` that was given an FSDP plugin comes up as ``MULTI_CPU``, its shared state is switched to FSDP
+(``distributed_type``, ``fsdp_plugin``), which is what Accelerate itself does on GPUs. trainwell's own code has no
+such switch. Verified with accelerate 1.15; the test asserts that the parameters really are sharded (DTensor).
+
+Writes the final full weights, the logged losses and a few facts about the run to ``--out`` (rank 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from tests.common.models import ClassificationDataset  # noqa: E402
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.linear(x))
+
+
+class Net(nn.Module):
+    """Two Blocks (each its own FSDP unit) between an input and an output layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(8, 16)
+        self.blocks = nn.ModuleList([Block(16), Block(16)])
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        logits = self.out(h)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def install_fsdp_on_cpu_patch() -> None:
+    """TEST ONLY: let an Accelerator given an FSDP plugin run FSDP on CPU processes (see the module docstring)."""
+    from accelerate import Accelerator
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    original = Accelerator.__init__
+
+    def init(self, *args, fsdp_plugin=None, **kwargs):
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.state.distributed_type == DistributedType.MULTI_CPU:
+            if self.state.mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self.state.mixed_precision)  # what the state does on GPUs
+            self.state.distributed_type = DistributedType.FSDP
+            self.state.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    Accelerator.__init__ = init
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--ga", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=6)
+    parser.add_argument("--save-steps", type=int, default=0)
+    parser.add_argument("--fsdp", action="store_true")
+    parser.add_argument("--fsdp-on-cpu", action="store_true", help="install the test-only patch (see above)")
+    parser.add_argument("--state-dict-type", default="SHARDED_STATE_DICT")
+    parser.add_argument("--best", action="store_true", help="evaluate and load the best model at the end")
+    parser.add_argument("--compile", action="store_true", help="torch_compile with the eager backend")
+    parser.add_argument("--resume", default=None)
+    cli = parser.parse_args()
+    if cli.fsdp_on_cpu:
+        install_fsdp_on_cpu_patch()
+
+    from trainwell import Trainer, TrainingArguments
+
+    fsdp = {"fsdp": True, "fsdp_config": {"transformer_layer_cls_to_wrap": ["Block"],
+                                           "state_dict_type": cli.state_dict_type}} if cli.fsdp else {}
+    best = {"eval_strategy": "steps", "eval_steps": cli.save_steps, "load_best_model_at_end": True,
+            "metric_for_best_model": "loss"} if cli.best else {}
+    args = TrainingArguments(
+        output_dir=cli.workdir, per_device_train_batch_size=cli.batch, gradient_accumulation_steps=cli.ga,
+        learning_rate=1e-2, weight_decay=0.1, max_steps=cli.max_steps, logging_steps=1, report_to="none",
+        disable_tqdm=True, use_cpu=True, save_strategy="steps" if cli.save_steps else "no",
+        save_steps=cli.save_steps or 500, torch_compile_backend="eager" if cli.compile else None, **fsdp, **best,
+    )
+    data = ClassificationDataset(n=96)
+    trainer = Trainer(model=Net(), args=args, train_dataset=data, eval_dataset=data if cli.best else None)
+    trainer.train(resume_from_checkpoint=cli.resume)
+    from torch.distributed.tensor import DTensor
+
+    sharded = all(isinstance(p, DTensor) for p in trainer.model.parameters())
+    final = os.path.join(cli.workdir, "final")
+    trainer.save_model(final)  # every process: under FSDP the full weights are gathered
+    if trainer.is_world_process_zero():
+        from safetensors.torch import load_file
+
+        weights = load_file(os.path.join(final, "model.safetensors"))
+        with open(cli.out, "w") as fh:
+            json.dump({
+                "params": {k: v.flatten().tolist() for k, v in weights.items()},
+                "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+                "world": trainer.runtime.num_processes,
+                "shards_model": trainer.runtime.shards_model,
+                "sharded_params": sharded,
+                "compiled": hasattr(trainer.model_wrapped, "_orig_mod"),
+                "best_step": trainer.state.best_global_step,
+            }, fh)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""FSDP2 through Accelerate, on CPU processes (gloo): training, sharded checkpoints, resume and resharding.
+
+The processes run tests/distributed/fsdp_script.py under torchrun with its test-only patch that lets Accelerate
+run FSDP on a CPU (the script's docstring says why and how). Runs are shared between the tests of this module.
+Tolerances: FSDP and DDP reduce the gradient norm in a different order, so weights agree to ~1e-8, not bitwise;
+a resume at the same world size is bitwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "distributed", "fsdp_script.py")
+pytestmark = pytest.mark.distributed
+TOL = 1e-6
+
+
+class Runs:
+    """Launches the script once per named configuration and keeps each result."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.results: dict[str, dict] = {}
+
+    def workdir(self, name: str) -> Path:
+        return self.root / name
+
+    def __call__(self, name: str, processes: int, *flags: str) -> dict:
+        if name not in self.results:
+            out = self.root / f"{name}.json"
+            if processes:
+                launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
+            else:
+                launch = [sys.executable]  # one plain process, no process group
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.run(launch + [SCRIPT, "--out", str(out), "--workdir", str(self.workdir(name)), *flags],
+                                  env=env, capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+            self.results[name] = {**json.loads(out.read_text()), "log": proc.stdout + proc.stderr}
+        return self.results[name]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("these runs use the CPU-only FSDP patch")
+    return Runs(tmp_path_factory.mktemp("fsdp"))
+
+
+FSDP = ("--fsdp", "--fsdp-on-cpu")
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a["params"].keys() == b["params"].keys()
+    return max(float(np.abs(np.asarray(a["params"][k]) - np.asarray(b["params"][k])).max()) for k in a["params"])
+
+
+def _two_ranks(runs):
+    return runs("fsdp2", 2, *FSDP, "--save-steps", "3")
+
+
+def test_two_rank_fsdp_shards_and_trains_like_ddp_and_like_one_rank_with_twice_the_batch(runs):
+    fsdp = _two_ranks(runs)
+    assert fsdp["world"] == 2 and fsdp["shards_model"] and fsdp["sharded_params"]  # DTensor parameters
+    ddp = runs("ddp2", 2)
+    assert not ddp["shards_model"] and not ddp["sharded_params"]
+    assert _max_diff(fsdp, ddp) < TOL and fsdp["losses"] == pytest.approx(ddp["losses"], abs=TOL)
+    one = runs("fsdp1", 1, *FSDP, "--batch", "8", "--save-steps", "3")
+    assert one["world"] == 1 and one["sharded_params"]
+    assert _max_diff(fsdp, one) < TOL and fsdp["losses"] == pytest.approx(one["losses"], abs=TOL)
+
+
+def test_sharded_checkpoint_layout(runs):
+    _two_ranks(runs)
+    folder = runs.workdir("fsdp2") / "checkpoint-3"
+    names = sorted(os.listdir(folder))
+    assert names == ["optimizer_0", "pytorch_model_fsdp_0", "rng_state_0.pth", "rng_state_1.pth", "scheduler.pt",
+                     "trainer_state.json", "training_args.json"]
+    for shards in ("optimizer_0", "pytorch_model_fsdp_0"):  # one file per process, and the metadata written last
+        assert sorted(os.listdir(folder / shards)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+def test_resume_at_the_same_world_size_is_exact(runs):
+    full = _two_ranks(runs)
+    resumed = runs("fsdp2-resumed", 2, *FSDP, "--resume", str(runs.workdir("fsdp2") / "checkpoint-3"))
+    assert resumed["params"] == full["params"] and resumed["losses"] == full["losses"]
+
+
+def test_a_two_rank_checkpoint_resumes_in_one_plain_process(runs):
+    full = _two_ranks(runs)
+    # the global batch is kept (2 x 4 -> 1 x 8), so the data continues where it stopped
+    resumed = runs("reshard-2-1", 0, "--batch", "8", "--resume", str(runs.workdir("fsdp2") / "checkpoint-3"))
+    assert resumed["world"] == 1 and not resumed["shards_model"]
+    assert resumed["losses"][:3] == full["losses"][:3]  # from the checkpoint's log history
+    assert _max_diff(full, resumed) < TOL and resumed["losses"] == pytest.approx(full["losses"], abs=TOL)
+
+
+def test_a_one_rank_checkpoint_resumes_on_two_ranks(runs):
+    one = runs("fsdp1", 1, *FSDP, "--batch", "8", "--save-steps", "3")
+    resumed = runs("reshard-1-2", 2, *FSDP, "--resume", str(runs.workdir("fsdp1") / "checkpoint-3"))
+    assert resumed["world"] == 2 and resumed["sharded_params"]
+    assert _max_diff(one, resumed) < TOL and resumed["losses"] == pytest.approx(one["losses"], abs=TOL)
+
+
+def test_save_model_writes_full_weights_that_load_into_a_fresh_model(runs):
+    _two_ranks(runs)
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    try:
+        from fsdp_script import Net
+    finally:
+        sys.path.remove(os.path.dirname(SCRIPT))
+    from safetensors.torch import load_file
+
+    model = Net()
+    model.load_state_dict(load_file(str(runs.workdir("fsdp2") / "final" / "model.safetensors")))
+    assert torch.equal(model.out.bias, torch.tensor(_two_ranks(runs)["params"]["out.bias"]))
+
+
+def test_full_state_dict_checkpoints_best_model_and_compile(runs):
+    result = runs("full", 2, *FSDP, "--state-dict-type", "FULL_STATE_DICT", "--save-steps", "2", "--best",
+                  "--compile")
+    assert result["sharded_params"] and result["compiled"]  # compiled on top of the sharded modules
+    assert result["best_step"] in (2, 4, 6)
+    folder = runs.workdir("full") / "checkpoint-2"
+    assert {"model.safetensors", "optimizer_0"} <= set(os.listdir(folder))  # full weights, sharded optimizer
+    assert "pytorch_model_fsdp_0" not in os.listdir(folder)
+
+
+def test_a_resume_with_another_global_batch_says_so(runs):
+    _two_ranks(runs)
+    resumed = runs("reshard-other-batch", 0, "--batch", "4", "--resume", str(runs.workdir("fsdp2") / "checkpoint-3"))
+    assert "was trained with 8 samples per optimizer step; this run takes 4" in resumed["log"]
+    assert "was trained with" not in runs("reshard-2-1", 0, "--batch", "8", "--resume",
+                                          str(runs.workdir("fsdp2") / "checkpoint-3"))["log"]
+
+
+def test_a_sharded_checkpoint_without_its_metadata_is_incomplete(runs, tmp_path):
+    import shutil
+
+    from trainwell.checkpoint.resume import get_last_checkpoint, incomplete_reason
+
+    _two_ranks(runs)
+    run_dir = tmp_path / "run"
+    for step in (3, 6):
+        shutil.copytree(runs.workdir("fsdp2") / f"checkpoint-{step}", run_dir / f"checkpoint-{step}")
+    assert incomplete_reason(run_dir / "checkpoint-6") is None
+    (run_dir / "checkpoint-6" / "optimizer_0" / ".metadata").unlink()  # a save killed before the coordinator finished
+    assert incomplete_reason(run_dir / "checkpoint-6") == "optimizer.pt or optimizer_0/.metadata is missing"
+    (run_dir / "checkpoint-3" / "pytorch_model_fsdp_0" / ".metadata").unlink()
+    assert incomplete_reason(run_dir / "checkpoint-3") == "no model weights file"
+    assert get_last_checkpoint(run_dir) is None
