@@ -754,7 +754,6 @@ UNSUPPORTED_SAMPLES = {
     "hub_private_repo": True,
     "hub_always_push": True,
     "hub_revision": "main",
-    "deepspeed": {"zero_optimization": {"stage": 2}},
     "parallelism_config": object(),
     "use_liger_kernel": True,
     "liger_kernel_config": {"rope": True},

@@ -19,7 +19,6 @@ UNSUPPORTED: dict[str, str] = {
     "hub_private_repo": "Hub uploads are not supported",
     "hub_always_push": "Hub uploads are not supported",
     "hub_revision": "Hub uploads are not supported",
-    "deepspeed": "DeepSpeed through Accelerate is not wired up yet",
     "parallelism_config": "tensor/context/sequence parallelism is not supported",
     "use_liger_kernel": "Liger kernels are not supported",
     "liger_kernel_config": "Liger kernels are not supported",

@@ -2,9 +2,10 @@
 
 Owns the translation of the reference's arguments into Accelerate's objects: the process group
 (``ddp_backend``, ``ddp_timeout``), DDP options, the data-loader configuration (``accelerator_config``),
-mixed precision, ``torch_compile*`` (Accelerate's dynamo plugin) and ``fsdp``/``fsdp_config`` (its FSDP2
-plugin). Settings that ``accelerate launch`` or ``accelerate config`` put in the environment are honoured by
-Accelerate itself. ``Runtime`` keeps the result.
+mixed precision, ``torch_compile*`` (Accelerate's dynamo plugin), ``fsdp``/``fsdp_config`` (its FSDP2 plugin)
+and ``deepspeed`` (its DeepSpeed plugin, see ``trainwell.backend.deepspeed``). Settings that ``accelerate
+launch`` or ``accelerate config`` put in the environment are honoured by Accelerate itself. ``Runtime`` keeps
+the result.
 """
 
 from __future__ import annotations
@@ -52,13 +53,14 @@ def build_accelerator(args: Any) -> Any:
         dataloader_config=dl_config,
         dynamo_plugin=_dynamo_plugin(args),
         fsdp_plugin=_fsdp_plugin(args),
+        deepspeed_plugin=_deepspeed_plugin(args),
         # The trainer steps the scheduler itself, once per optimizer step.
         step_scheduler_with_optimizer=False,
         # No RNG broadcast at each epoch start: it would overwrite a rank's restored RNG on resume, and
         # trainwell's samplers draw from their own seeded generators anyway.
         rng_types=[],
     )
-    _check_fsdp_active(args, accelerator)
+    _check_engine_active(args, accelerator)
     return accelerator
 
 
@@ -92,21 +94,26 @@ def _dynamo_plugin(args: Any) -> Any:
 
 
 # What the launcher (accelerate launch) put in the environment, read before any Accelerator of this process ran:
-# an Accelerator given an FSDP plugin writes ACCELERATE_USE_FSDP=true into os.environ for good.
-_LAUNCH_FSDP: str | None = None
-_LAUNCH_READ = False
+# an Accelerator given an FSDP or DeepSpeed plugin writes ACCELERATE_USE_FSDP / ACCELERATE_USE_DEEPSPEED=true
+# into os.environ for good, and Accelerate would then apply that engine to every later Accelerator.
+_ENGINE_VARIABLES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
+_LAUNCH_ENV: dict[str, str | None] | None = None
 
 
 def _forget_earlier_engines(args: Any) -> None:
-    """Keep an earlier Trainer's FSDP (recorded in os.environ by Accelerate) from applying to this one."""
-    global _LAUNCH_FSDP, _LAUNCH_READ
-    if not _LAUNCH_READ:
-        _LAUNCH_FSDP, _LAUNCH_READ = os.environ.get("ACCELERATE_USE_FSDP"), True
-    if not args.fsdp:
-        if _LAUNCH_FSDP is None:
-            os.environ.pop("ACCELERATE_USE_FSDP", None)
+    """Keep an earlier Trainer's FSDP or DeepSpeed (recorded in os.environ by Accelerate) from this one."""
+    global _LAUNCH_ENV
+    if _LAUNCH_ENV is None:
+        _LAUNCH_ENV = {name: os.environ.get(name) for name in _ENGINE_VARIABLES}
+    for name, value in _LAUNCH_ENV.items():
+        if value is None:
+            os.environ.pop(name, None)
         else:
-            os.environ["ACCELERATE_USE_FSDP"] = _LAUNCH_FSDP
+            os.environ[name] = value
+
+
+def _launched_with(name: str) -> bool:
+    return os.environ.get(name, "false").lower() in ("true", "1")
 
 
 def _fsdp_plugin(args: Any) -> Any:
@@ -118,19 +125,36 @@ def _fsdp_plugin(args: Any) -> Any:
     return FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
 
 
-def _check_fsdp_active(args: Any, accelerator: Any) -> None:
-    """FSDP asked for but not running is an error: Accelerate would silently train without it (DDP or one process)."""
+def _deepspeed_plugin(args: Any) -> Any:
+    """``deepspeed=`` (or ``accelerate launch --use_deepspeed``): Accelerate's plugin, "auto" values filled."""
+    if not (args.deepspeed or _launched_with("ACCELERATE_USE_DEEPSPEED")):
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        raise ImportError("DeepSpeed was asked for but the deepspeed package is not installed: pip install deepspeed")
+    from trainwell.backend import deepspeed as ds
+
+    plugin = ds.make_plugin(ds.load_config(args.deepspeed) if args.deepspeed else None)
+    ds.fill_from_arguments(plugin.deepspeed_config, args)
+    return plugin
+
+
+def _check_engine_active(args: Any, accelerator: Any) -> None:
+    """FSDP or DeepSpeed asked for but not running is an error: Accelerate would silently train without it."""
     from accelerate.utils import DistributedType
 
-    asked = args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("true", "1")
-    if asked and accelerator.distributed_type != DistributedType.FSDP:
-        raise RuntimeError(
-            f"FSDP was asked for ({'fsdp=True' if args.fsdp else 'accelerate launch --use_fsdp'}) but Accelerate "
-            f"set up {accelerator.distributed_type.value} instead: it runs FSDP only in processes started by a "
-            "distributed launcher on GPUs (torchrun --nproc_per_node N, or accelerate launch --use_fsdp "
-            "--num_processes N), and never with use_cpu=True or on a CPU-only machine. Launch it that way, or "
-            "drop fsdp to train with DDP."
-        )
+    for engine, asked, how in (
+        (DistributedType.FSDP, args.fsdp or _launched_with("ACCELERATE_USE_FSDP"), "fsdp=True"),
+        (DistributedType.DEEPSPEED, args.deepspeed or _launched_with("ACCELERATE_USE_DEEPSPEED"), "deepspeed=..."),
+    ):
+        if asked and accelerator.distributed_type != engine:
+            raise RuntimeError(
+                f"{engine.value} was asked for ({how} or accelerate launch) but Accelerate set up "
+                f"{accelerator.distributed_type.value} instead: it runs {engine.value} only in processes started by a "
+                "distributed launcher (torchrun --nproc_per_node N, or accelerate launch --num_processes N), never "
+                "with use_cpu=True, and FSDP only on GPUs. Launch it that way, or drop the option."
+            )
 
 
 def _precision_from_flags(args: Any) -> str:

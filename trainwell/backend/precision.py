@@ -50,8 +50,14 @@ class Precision:
             DistributedType.MULTI_CPU,
             DistributedType.MULTI_GPU,
         )
-        #: only an fp16 grad scaler ever skips a step; the loop asks ``step_was_skipped`` only then
-        self.can_skip_steps: bool = self._scaler is not None
+        #: only fp16 ever skips a step (an overflow: Accelerate's grad scaler, or DeepSpeed's own loss scaling)
+        self.can_skip_steps: bool = self._scaler is not None or (
+            accelerator.distributed_type == DistributedType.DEEPSPEED and self.mode == "fp16"
+        )
+        #: DeepSpeed divides a micro-batch's loss by the accumulation steps unless told not to: trainwell
+        #: already scaled it by the micro-batch's share of the window (``trainwell.loop.accumulation``)
+        deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+        self._backward_kwargs = {"scale_wrt_gas": False} if deepspeed else {}
         #: the dtype of a ``fp16_full_eval`` / ``bf16_full_eval`` evaluation copy, None to evaluate as trained
         self.eval_dtype: torch.dtype | None = (
             torch.float16 if args.fp16_full_eval else torch.bfloat16 if args.bf16_full_eval else None
@@ -83,7 +89,7 @@ class Precision:
         if self.direct:
             loss.backward()
         else:
-            self._accelerator.backward(loss)
+            self._accelerator.backward(loss, **self._backward_kwargs)
 
     def clip_grad_norm_(self, parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
         """Unscale fp16 gradients, clip them to ``max_norm`` and return the total norm, as a tensor (no host sync)."""

@@ -63,6 +63,7 @@ class Runtime:
     """Device, precision and process topology for one ``Trainer``, backed by an ``accelerate.Accelerator``."""
 
     def __init__(self, args: Any) -> None:
+        self.args = args
         self.accelerator = build_accelerator(args)
         state = self.accelerator.state
         self.device: torch.device = self.accelerator.device
@@ -74,10 +75,22 @@ class Runtime:
         self.distributed: bool = self.num_processes > 1
         if self.distributed:
             _destroy_process_group_at_exit()
+        self._read_engine(args)
+        self.mixed_precision: str = str(self.accelerator.mixed_precision)
+        self.precision = Precision(self.accelerator, args)
+        dynamo = state.dynamo_plugin
+        #: torch.compile's backend when models are compiled (``torch_compile`` or ``accelerate launch``), else None
+        self.compile_backend: str | None = None if dynamo.backend.value == "NO" else dynamo.backend.value.lower()
+        self._compile_kwargs = dynamo.to_kwargs() if self.compile_backend else {}
+        self._compiled: dict[int, tuple[Any, Any]] = {}
+        self._no_context = contextlib.nullcontext()
+
+    def _read_engine(self, args: Any) -> None:
         from accelerate.utils import DistributedType
 
+        kind = self.accelerator.distributed_type
         #: the model is sharded across processes (FSDP2): checkpoints and full weights need every process
-        self.shards_model: bool = self.accelerator.distributed_type == DistributedType.FSDP
+        self.shards_model: bool = kind == DistributedType.FSDP
         #: FSDP checkpoints keep the model sharded (``fsdp_config["state_dict_type"]="SHARDED_STATE_DICT"``)
         self.sharded_checkpoints: bool = self.shards_model and "SHARDED" in str(
             self.accelerator.state.fsdp_plugin.state_dict_type
@@ -88,25 +101,38 @@ class Runtime:
                 "keeps the model's shards with the optimizer's. Use state_dict_type='FULL_STATE_DICT' to save only "
                 "full model weights, or save_only_model=False."
             )
-        self.mixed_precision: str = str(self.accelerator.mixed_precision)
-        self.precision = Precision(self.accelerator, args)
-        dynamo = state.dynamo_plugin
-        #: torch.compile's backend when models are compiled (``torch_compile`` or ``accelerate launch``), else None
-        self.compile_backend: str | None = None if dynamo.backend.value == "NO" else dynamo.backend.value.lower()
-        self._compile_kwargs = dynamo.to_kwargs() if self.compile_backend else {}
-        self._compiled: dict[int, tuple[Any, Any]] = {}
+        #: DeepSpeed runs the model: it clips, steps and zeroes inside the last micro-batch's backward
+        self.uses_deepspeed: bool = kind == DistributedType.DEEPSPEED
+        #: the dtype floating-point inputs take: DeepSpeed keeps a half-precision model and no autocast
+        self.input_dtype: torch.dtype | None = None
+        if self.uses_deepspeed:
+            mixed = str(self.accelerator.mixed_precision)
+            self.input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed)
 
     # ----------------------------------------------------------------------------------------- preparation
     def prepare_model(self, model: torch.nn.Module, evaluation_mode: bool = False) -> torch.nn.Module:
         """Place the model and wrap it (DDP, autocast) as Accelerate decides."""
         return self.accelerator.prepare_model(model, evaluation_mode=evaluation_mode)
 
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, Any]:
-        """The model and optimizer for training. FSDP shards both in one call (the optimizer's parameters become
-        the sharded ones); otherwise the model is wrapped and the optimizer wrapped only when needed."""
-        if self.shards_model and type(optimizer).__name__ != "AcceleratedOptimizer":
-            return self.accelerator.prepare(model, optimizer)
-        return self.prepare_model(model), self.prepare_optimizer(optimizer)
+    def prepare(
+        self, model: torch.nn.Module, optimizer: Any, scheduler: Any, num_training_steps: int
+    ) -> tuple[torch.nn.Module, Any, Any]:
+        """The model, optimizer and scheduler for training.
+
+        FSDP shards model and optimizer in one call (the optimizer's parameters become the sharded ones);
+        DeepSpeed builds its engine from all three (its own optimizer or scheduler when its config names one);
+        otherwise the model is wrapped and the optimizer wrapped only when needed.
+        """
+        if type(optimizer).__name__ in ("AcceleratedOptimizer", "DeepSpeedOptimizerWrapper"):
+            return model, optimizer, scheduler  # prepared by an earlier train() call
+        if self.uses_deepspeed:
+            from trainwell.backend.deepspeed import prepare_engine
+
+            return prepare_engine(self.accelerator, self.args, model, optimizer, scheduler, num_training_steps)
+        if self.shards_model:
+            model, optimizer = self.accelerator.prepare(model, optimizer)
+            return model, optimizer, scheduler
+        return self.prepare_model(model), self.prepare_optimizer(optimizer), scheduler
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Wrap the optimizer when Accelerate has work to do in ``step`` (a grad scaler, DeepSpeed, XLA).
@@ -144,10 +170,17 @@ class Runtime:
         return self.accelerator.unwrap_model(model)
 
     # ----------------------------------------------------------------------------------------- the step
-    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
-        """Skip the gradient all-reduce for a micro-batch that is not the last of its window."""
-        if not self.distributed:
-            return contextlib.nullcontext()
+    def micro_batch(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
+        """The context of one micro-batch's backward: no gradient all-reduce until the last of its window.
+
+        Under DeepSpeed it marks the window's last micro-batch instead, the one after whose backward DeepSpeed
+        clips, steps and zeroes (Accelerate's gradient state carries the flag to the engine).
+        """
+        if self.uses_deepspeed:
+            self.accelerator.gradient_state._set_sync_gradients(last)
+            return self._no_context
+        if last or not self.distributed:
+            return self._no_context
         return self.accelerator.no_sync(model)
 
     # ----------------------------------------------------------------------------------------- collectives
@@ -181,12 +214,14 @@ class Runtime:
         self.accelerator.end_training()
 
 
-def to_device(data: Any, device: torch.device) -> Any:
-    """``data`` (tensors, nested in dicts, lists and tuples) on ``device``; other values as they are."""
+def to_device(data: Any, device: torch.device, float_dtype: torch.dtype | None = None) -> Any:
+    """``data`` (tensors, nested in dicts, lists and tuples) on ``device``, floating-point tensors in
+    ``float_dtype`` when one is given; other values as they are."""
     if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=True)
+        dtype = float_dtype if float_dtype is not None and data.is_floating_point() else None
+        return data.to(device, dtype=dtype, non_blocking=True)
     if isinstance(data, dict):
-        return type(data)({k: to_device(v, device) for k, v in data.items()})
+        return type(data)({k: to_device(v, device, float_dtype) for k, v in data.items()})
     if isinstance(data, (list, tuple)):
-        return type(data)(to_device(v, device) for v in data)
+        return type(data)(to_device(v, device, float_dtype) for v in data)
     return data

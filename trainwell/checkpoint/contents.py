@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainwell.backend import deepspeed as ds
 from trainwell.checkpoint import sharded
 from trainwell.checkpoint.io import (
     AtomicDirectory,
@@ -37,11 +38,13 @@ from trainwell.checkpoint.io import (
     write_json,
 )
 from trainwell.checkpoint.layout import (
+    LEGACY_WEIGHTS_NAME,
     OPTIMIZER_NAME,
     SCALER_NAME,
     SCHEDULER_NAME,
     TRAINER_STATE_NAME,
     TRAINING_ARGS_NAME,
+    WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     checkpoint_path,
     per_rank_name,
@@ -55,6 +58,8 @@ if TYPE_CHECKING:
     from trainwell.hooks import TrainerHooks
 
 logger = logging.getLogger(__name__)
+
+DEEPSPEED_LATEST = "latest"  # the file DeepSpeed's save_checkpoint writes last, naming its global_step{N}/ folder
 
 
 class Phase(enum.Enum):
@@ -78,7 +83,7 @@ class Piece:
     restored: Phase
     saved_by: str  #: the Trainer method that writes it
     restored_by: str | None  #: the Trainer method that restores it
-    replaces: str | None = None  #: the piece this one stands in for (the sharded form, under FSDP)
+    replaces: tuple[str, ...] = ()  #: the pieces this one stands in for (their sharded form, under FSDP or ZeRO)
 
 
 CONTENTS: tuple[Piece, ...] = (
@@ -90,9 +95,12 @@ CONTENTS: tuple[Piece, ...] = (
           "_load_optimizer_and_scheduler"),
     # Under FSDP (trainwell.checkpoint.sharded): every process writes its shards, the coordinator .metadata last.
     Piece("model_shards", f"{sharded.MODEL_DIR}/{sharded.METADATA}", False, True, False, Phase.WEIGHTS,
-          "_save_optimizer_and_scheduler", "_load_from_checkpoint", replaces="model"),
+          "_save_optimizer_and_scheduler", "_load_from_checkpoint", replaces=("model",)),
     Piece("optimizer_shards", f"{sharded.OPTIMIZER_DIR}/{sharded.METADATA}", False, True, False, Phase.OPTIMIZER,
-          "_save_optimizer_and_scheduler", "_load_optimizer_and_scheduler", replaces="optimizer"),
+          "_save_optimizer_and_scheduler", "_load_optimizer_and_scheduler", replaces=("optimizer",)),
+    # Under DeepSpeed: its own checkpoint (global_step{N}/, partitioned), `latest` naming it written last.
+    Piece("deepspeed_state", DEEPSPEED_LATEST, False, True, False, Phase.OPTIMIZER, "_save_optimizer_and_scheduler",
+          "_load_optimizer_and_scheduler", replaces=("model", "optimizer")),
     Piece("scaler", SCALER_NAME, False, True, False, Phase.OPTIMIZER, "_save_scaler", "_load_scaler"),
     Piece("rng", "rng_state.pth", True, True, True, Phase.RNG, "_save_rng_state", "_load_rng_state"),
     Piece("data_position", "data_state.pth", True, True, False, Phase.DATA, "_save_rng_state", None),
@@ -104,6 +112,10 @@ CONTENTS: tuple[Piece, ...] = (
 # ``pytorch_model.bin`` as model weights.
 
 PIECES = {piece.name: piece for piece in CONTENTS}
+
+
+def has_deepspeed_state(directory: str | os.PathLike) -> bool:
+    return (Path(directory) / DEEPSPEED_LATEST).is_file()
 
 
 def piece_file(directory: str | os.PathLike, name: str, process_index: int = 0, num_processes: int = 1) -> Path:
@@ -163,7 +175,14 @@ def save_model(trainer: TrainerHooks, output_dir: str | None, internal_call: boo
     with the optimizer (``_save_optimizer_and_scheduler``); only the arguments and processing class come here.
     """
     runtime = trainer.runtime
-    if not runtime.shards_model:
+    if runtime.uses_deepspeed:
+        engine = trainer.model_wrapped
+        if internal_call and ds.zero_stage(engine) >= 3:  # the DeepSpeed checkpoint holds the partitioned model
+            if trainer.args.should_save:
+                save_model_files(trainer, output_dir or trainer.args.output_dir, weights=False)
+        else:
+            trainer._save(output_dir, state_dict=ds.full_state_dict(engine))
+    elif not runtime.shards_model:
         trainer._save(output_dir)
     elif internal_call and runtime.sharded_checkpoints:
         if trainer.args.should_save:
@@ -188,7 +207,9 @@ def save_model_files(
 def save_optimizer_and_scheduler(trainer: TrainerHooks, directory: str) -> None:
     """The optimizer (sharded under FSDP, with the model when its checkpoints are sharded) and the scheduler."""
     runtime, should_save = trainer.runtime, trainer.args.should_save
-    if runtime.shards_model:  # every process writes its shards
+    if runtime.uses_deepspeed:  # every process writes its partitions
+        ds.save_checkpoint(trainer.model_wrapped, directory)
+    elif runtime.shards_model:  # every process writes its shards
         model = model_utils.unwrap(trainer.model_wrapped)
         if runtime.sharded_checkpoints:
             sharded.save_model_shards(model, directory)
@@ -226,7 +247,11 @@ def _update_best_checkpoint(trainer: TrainerHooks, run_dir: str) -> None:
 
 # ----------------------------------------------------------------------------------------------- loading
 def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
-    """The checkpoint's weights (shards or full) into ``model`` (sharded by FSDP or not)."""
+    """The checkpoint's weights (shards or full) into ``model`` (sharded by FSDP or not, a DeepSpeed engine)."""
+    if has_deepspeed_state(checkpoint) and not _has_full_weights(checkpoint):
+        if hasattr(model, "load_checkpoint"):  # a DeepSpeed engine (load_best_model_at_end under ZeRO-3)
+            model.load_checkpoint(checkpoint, load_optimizer_states=False, load_lr_scheduler_states=False)
+        return  # before the engine exists: it loads them with the optimizer (the OPTIMIZER phase)
     model = model_utils.unwrap(model)  # a compiled model's weights are its original module's
     if sharded.has_shards(checkpoint, sharded.MODEL_DIR):
         sharded.load_model_shards(model, checkpoint)
@@ -236,9 +261,26 @@ def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
         load_model_weights(model, checkpoint, strict=strict)
 
 
+def _has_full_weights(checkpoint: str) -> bool:
+    path = Path(checkpoint)
+    return any((path / name).is_file() for name in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, LEGACY_WEIGHTS_NAME))
+
+
 def load_optimizer_and_scheduler(trainer: TrainerHooks, checkpoint: str) -> None:
     """Restore the optimizer and scheduler states (after the optimizer was prepared)."""
     optimizer_file, scheduler_file = piece_file(checkpoint, "optimizer"), piece_file(checkpoint, "scheduler")
+    if trainer.runtime.uses_deepspeed != has_deepspeed_state(checkpoint):
+        written, run = ("with", "does not use") if has_deepspeed_state(checkpoint) else ("without", "uses")
+        raise ValueError(
+            f"{checkpoint} was written {written} DeepSpeed and this run {run} it: a DeepSpeed checkpoint resumes "
+            "under DeepSpeed only (its zero_to_fp32.py turns it into full weights for a fresh start). Resume with "
+            "the engine that wrote it, or start from its model weights."
+        )
+    if trainer.runtime.uses_deepspeed:
+        ds.load_checkpoint(trainer.model_wrapped, checkpoint)
+        if scheduler_file.is_file():
+            trainer.lr_scheduler.load_state_dict(safe_torch_load(scheduler_file))
+        return
     if sharded.has_shards(checkpoint, sharded.OPTIMIZER_DIR):
         sharded.load_optimizer_shards(model_utils.unwrap(trainer.model_wrapped), trainer.optimizer, checkpoint)
         if scheduler_file.is_file():

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainwell.checkpoint.contents import CONTENTS, PIECES, Phase, load_data_position
+from trainwell.checkpoint.contents import CONTENTS, Phase, load_data_position
 from trainwell.checkpoint.layout import (
     LEGACY_WEIGHTS_NAME,
     TRAINER_STATE_NAME,
@@ -164,8 +164,8 @@ def incomplete_reason(path: str | os.PathLike) -> str | None:
             return f"{TRAINER_STATE_NAME} is not a JSON object"
     except (OSError, ValueError) as err:
         return f"{TRAINER_STATE_NAME} is not valid JSON ({err})"
-    weights = [path / WEIGHTS_NAME, path / WEIGHTS_INDEX_NAME, path / LEGACY_WEIGHTS_NAME,
-               path / PIECES["model_shards"].file]
+    weights = [path / WEIGHTS_NAME, path / WEIGHTS_INDEX_NAME, path / LEGACY_WEIGHTS_NAME]
+    weights += [path / p.file for p in CONTENTS if "model" in p.replaces]  # the sharded forms
     if not any(w.is_file() for w in weights):
         return "no model weights file"
     for file in sorted(path.glob("*.safetensors")):
@@ -189,7 +189,7 @@ def _missing_training_state(path: Path) -> str | None:
     for piece in CONTENTS:
         if not (piece.training_state and piece.required):
             continue
-        forms = [piece] + [p for p in CONTENTS if p.replaces == piece.name]  # e.g. optimizer.pt or optimizer_0/
+        forms = [piece] + [p for p in CONTENTS if piece.name in p.replaces]  # e.g. optimizer.pt or optimizer_0/
         if not any(_present(path, form) for form in forms):
             return " or ".join(form.file for form in forms) + " is missing"
     return None

@@ -57,7 +57,7 @@ class FitLoop:
         self.step = OptimizerStep(hooks, model, run)
         self.timing_compile = hooks.runtime.compile_backend is not None  # the first step compiles: say how long
         self.model, self.run = model, run
-        model.zero_grad(set_to_none=True)
+        hooks.model.zero_grad(set_to_none=True)  # the module itself: an engine's zero_grad takes no arguments
         self._fire("on_train_begin")
         self.step.listen()
         if args.eval_on_start:
@@ -106,9 +106,11 @@ class FitLoop:
         hooks, runtime = self.hooks, self.hooks.runtime
         if hooks.optimizer is None:
             hooks.create_optimizer()
-        model, hooks.optimizer = runtime.prepare(hooks.model, hooks.optimizer)
-        hooks.model_wrapped = model
         hooks.create_scheduler(num_training_steps=plan.max_steps, optimizer=hooks.optimizer)
+        model, hooks.optimizer, hooks.lr_scheduler = runtime.prepare(
+            hooks.model, hooks.optimizer, hooks.lr_scheduler, plan.max_steps
+        )
+        hooks.model_wrapped = model
         if self.resume is not None:
             self.resume.restore(hooks, Phase.OPTIMIZER)
         handler = hooks.callback_handler

@@ -1,0 +1,191 @@
+"""DeepSpeed ZeRO through Accelerate: the config, the plugin, full weights and DeepSpeed's own checkpoints.
+
+Owns what ``deepspeed=...`` (a dict, a JSON string or a JSON file path) or ``accelerate launch --use_deepspeed``
+turns into: Accelerate's ``DeepSpeedPlugin`` over the config with the reference's ``"auto"`` values filled from
+the arguments (micro batch, accumulation, global batch, clipping, optimizer and scheduler hyperparameters,
+fp16/bf16, the ZeRO bucket sizes from the model's hidden size), and a ``ValueError`` listing every value the
+config sets that contradicts the arguments, as the reference does. Also: the full weights of a ZeRO model
+for ``save_model`` (gathered to the first process, stage 3 included), and the DeepSpeed checkpoint
+(``engine.save_checkpoint`` / ``load_checkpoint``) that holds the partitioned model and optimizer.
+
+The run itself goes through Accelerate's DeepSpeed engine: trainwell keeps scaling each micro-batch's loss by its
+share of the window (``scale_wrt_gas=False`` tells DeepSpeed not to divide it again) and marks the last
+micro-batch of a window, where DeepSpeed clips, steps and zeroes (see ``trainwell.backend.runtime``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any
+
+# The config keys the reference fills from the arguments ("auto") and checks against them otherwise.
+_HIDDEN_SIZE_KEYS = ("zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
+                     "zero_optimization.stage3_param_persistence_threshold")
+
+
+def load_config(value: Any) -> dict[str, Any]:
+    """A private copy of the config given as a dict, a JSON object string or a JSON file path."""
+    if isinstance(value, str):
+        if value.lstrip().startswith("{"):
+            value = json.loads(value)
+        elif not os.path.isfile(value):
+            raise ValueError(f"deepspeed={value!r}: no such file. Pass a dict, a JSON object, or a JSON file path.")
+        else:
+            with open(value, encoding="utf-8") as fh:
+                value = json.load(fh)
+    if not isinstance(value, dict):
+        raise ValueError(f"deepspeed={value!r}: the DeepSpeed config must be a JSON object (a dict).")
+    return copy.deepcopy(value)
+
+
+class Filler:
+    """Fills ``"auto"`` entries of a DeepSpeed config and collects the entries that contradict the arguments."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.mismatches: list[str] = []
+
+    def _node(self, dotted: str) -> tuple[dict[str, Any] | None, str]:
+        *parents, key = dotted.split(".")
+        node: Any = self.config
+        for parent in parents:
+            node = node.get(parent) if isinstance(node, dict) else None
+        return (node if isinstance(node, dict) else None), key
+
+    def fill(self, dotted: str, value: Any, argument: str | None = None) -> None:
+        """``"auto"`` becomes ``value``; another value that differs from it is a mismatch named after ``argument``."""
+        node, key = self._node(dotted)
+        if node is None:
+            return
+        current = node.get(key)
+        if current == "auto":
+            node[key] = value
+        elif argument is not None and current is not None and current != value:
+            self.mismatches.append(f"- DeepSpeed {dotted}={current!r}, but {argument}={value!r}")
+
+    def is_auto(self, dotted: str) -> bool:
+        node, key = self._node(dotted)
+        return node is not None and node.get(key) == "auto"
+
+    def check(self) -> None:
+        if self.mismatches:
+            raise ValueError(
+                "The DeepSpeed config contradicts the TrainingArguments:\n" + "\n".join(self.mismatches)
+                + "\nSet these DeepSpeed values to \"auto\" (filled from the arguments), or change the arguments."
+            )
+
+
+def fill_from_arguments(config: dict[str, Any], args: Any) -> None:
+    """The ``"auto"`` values known when the Trainer is built (raises on a contradiction)."""
+    filler = Filler(config)
+    filler.fill("train_micro_batch_size_per_gpu", args.per_device_train_batch_size, "per_device_train_batch_size")
+    filler.fill("gradient_accumulation_steps", args.gradient_accumulation_steps, "gradient_accumulation_steps")
+    filler.fill("gradient_clipping", args.max_grad_norm, "max_grad_norm")
+    filler.fill("optimizer.params.lr", args.learning_rate, "learning_rate")
+    filler.fill("optimizer.params.betas", [args.adam_beta1, args.adam_beta2], "adam_beta1, adam_beta2")
+    filler.fill("optimizer.params.eps", args.adam_epsilon, "adam_epsilon")
+    filler.fill("optimizer.params.weight_decay", args.weight_decay, "weight_decay")
+    filler.fill("scheduler.params.warmup_min_lr", 0)
+    filler.fill("scheduler.params.warmup_max_lr", args.learning_rate, "learning_rate")
+    precision = args.mixed_precision or "no"
+    filler.fill("fp16.enabled", precision == "fp16", "fp16")
+    filler.fill("bf16.enabled", precision == "bf16", "bf16")
+    if args.save_on_each_node:  # DeepSpeed assumes storage shared by the nodes unless told otherwise
+        config.setdefault("checkpoint", {})["use_node_local_storage"] = True
+    filler.check()
+
+
+def fill_for_run(config: dict[str, Any], args: Any, model: Any, num_processes: int, num_training_steps: int) -> None:
+    """The ``"auto"`` values known when training starts: global batch, bucket sizes, schedule length."""
+    filler = Filler(config)
+    micro = config.get("train_micro_batch_size_per_gpu", args.per_device_train_batch_size)
+    ga = config.get("gradient_accumulation_steps", args.gradient_accumulation_steps)
+    global_batch = micro * ga * num_processes
+    filler.fill("train_batch_size", global_batch, "per_device_train_batch_size x accumulation x processes")
+    auto_sizes = [key for key in _HIDDEN_SIZE_KEYS if filler.is_auto(key)]
+    if auto_sizes:
+        hidden = _hidden_size(model)
+        if hidden is None:
+            raise ValueError(
+                f"The DeepSpeed config asks for {auto_sizes} = \"auto\", which is derived from the model's hidden "
+                f"size, but {type(model).__name__} has no config.hidden_size. Put numbers there instead of \"auto\"."
+            )
+        filler.fill("zero_optimization.reduce_bucket_size", hidden * hidden)
+        filler.fill("zero_optimization.stage3_prefetch_bucket_size", int(0.9 * hidden * hidden))
+        filler.fill("zero_optimization.stage3_param_persistence_threshold", 10 * hidden)
+    filler.fill("scheduler.params.total_num_steps", num_training_steps, "the run's steps")
+    filler.fill("scheduler.params.warmup_num_steps", max(1, args.get_warmup_steps(num_training_steps)), "warmup_steps")
+    filler.check()
+
+
+def _hidden_size(model: Any) -> int | None:
+    config = getattr(model, "config", None)
+    for holder in (config, getattr(config, "text_config", None)):
+        if hasattr(holder, "hidden_size"):
+            return int(holder.hidden_size)
+        if hasattr(holder, "hidden_sizes"):
+            return int(max(holder.hidden_sizes))
+    return None
+
+
+def make_plugin(config: dict[str, Any] | None) -> Any:
+    """Accelerate's ``DeepSpeedPlugin`` over ``config`` (None: from ``accelerate launch``'s environment).
+
+    Accelerate's plugin imports ``transformers`` when it is selected, to tell ``from_pretrained`` about ZeRO-3
+    (so that a model built after the Trainer is partitioned at creation). Without ``transformers`` installed
+    there is no such model to tell, and trainwell never needs ``transformers``: the plugin then skips that step.
+    """
+    from accelerate.utils import DeepSpeedPlugin
+
+    class Plugin(DeepSpeedPlugin):
+        def set_deepspeed_weakref(self) -> None:
+            import importlib.util
+
+            if importlib.util.find_spec("transformers") is not None:
+                super().set_deepspeed_weakref()
+
+    return Plugin(hf_ds_config=config) if config is not None else Plugin()
+
+
+def prepare_engine(
+    accelerator: Any, args: Any, model: Any, optimizer: Any, scheduler: Any, num_training_steps: int
+) -> tuple[Any, Any, Any]:
+    """DeepSpeed's engine for ``model``, with the Trainer's optimizer and scheduler, or DeepSpeed's own ones when
+    its config names them (built from the Trainer's parameter groups, learning rate and schedule length)."""
+    from accelerate.utils import DummyOptim, DummyScheduler
+
+    config = accelerator.state.deepspeed_plugin.deepspeed_config
+    fill_for_run(config, args, model, accelerator.num_processes, num_training_steps)
+    if "optimizer" in config:
+        optimizer = DummyOptim(optimizer.param_groups, lr=args.learning_rate, weight_decay=args.weight_decay)
+    if "scheduler" in config:
+        warmup = max(1, args.get_warmup_steps(num_training_steps))
+        scheduler = DummyScheduler(optimizer, total_num_steps=num_training_steps, warmup_num_steps=warmup)
+    return tuple(accelerator.prepare(model, optimizer, scheduler))
+
+
+def zero_stage(engine: Any) -> int:
+    return int(engine.zero_optimization_stage())
+
+
+def full_state_dict(engine: Any) -> dict[str, Any]:
+    """The full weights on the first process (``{}`` elsewhere); a collective under ZeRO-3, which gathers them
+    layer by layer to the first process."""
+    if zero_stage(engine) >= 3:
+        state = engine._zero3_consolidated_16bit_state_dict()  # DeepSpeed's own layer-by-layer gather
+        return dict(state) if state is not None else {}
+    if engine.global_rank != 0:
+        return {}
+    return {k: v.detach().cpu() for k, v in engine.module.state_dict().items()}
+
+
+def save_checkpoint(engine: Any, directory: str) -> None:
+    """DeepSpeed's checkpoint of the engine (model, partitioned optimizer, its scheduler) into ``directory``."""
+    engine.save_checkpoint(directory)
+
+
+def load_checkpoint(engine: Any, directory: str) -> None:
+    engine.load_checkpoint(directory, load_module_strict=True, load_optimizer_states=True,
+                           load_lr_scheduler_states=True)
