@@ -359,3 +359,14 @@ def test_dataloader_workers_give_the_same_run_as_the_main_process(out_dir):
         args = make_args(out_dir, num_train_epochs=1, dataloader_drop_last=drop_last)
         trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=60))
         assert trainer.train().global_step == steps
+
+
+def test_a_second_train_call_reuses_the_prepared_model(out_dir):
+    """The optimizer and model prepared by the first train() carry on: the second call continues training them."""
+    trainer = Trainer(model=RegressionModel(), args=make_args(out_dir, max_steps=2), train_dataset=RegressionDataset())
+    trainer.train()
+    wrapped = trainer.model_wrapped
+    optimizer = trainer.optimizer
+    trainer.args.max_steps = 4
+    assert trainer.train().global_step == 4
+    assert trainer.model_wrapped is wrapped and trainer.optimizer is optimizer

@@ -15,6 +15,8 @@ import logging
 import os
 from typing import Any
 
+from trainwell.backend.precision import check_precision_supported
+
 logger = logging.getLogger(__name__)
 
 
@@ -32,9 +34,6 @@ def build_accelerator(args: Any) -> Any:
 
     AcceleratorState._reset_state(reset_partial_state=True)
     _forget_earlier_engines(args)
-
-    from trainwell.backend.precision import check_precision_supported
-
     acc_cfg = _accelerator_config_dict(args)
     mixed_precision = getattr(args, "mixed_precision", None) or _precision_from_flags(args)
     check_precision_supported(mixed_precision, args.device)

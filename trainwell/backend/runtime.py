@@ -84,6 +84,7 @@ class Runtime:
         self._compile_kwargs = dynamo.to_kwargs() if self.compile_backend else {}
         self._compiled: dict[int, tuple[Any, Any]] = {}
         self._no_context = contextlib.nullcontext()
+        self._prepared: tuple[Any, Any] | None = None  # the model and optimizer prepare() returned last
 
     def _read_engine(self, args: Any) -> None:
         from accelerate.utils import DistributedType
@@ -123,16 +124,20 @@ class Runtime:
         DeepSpeed builds its engine from all three (its own optimizer or scheduler when its config names one);
         otherwise the model is wrapped and the optimizer wrapped only when needed.
         """
-        if type(optimizer).__name__ in ("AcceleratedOptimizer", "DeepSpeedOptimizerWrapper"):
-            return model, optimizer, scheduler  # prepared by an earlier train() call
+        if self._prepared is not None and optimizer is self._prepared[1]:
+            return self._prepared[0], optimizer, scheduler  # a later train() call with the same model and optimizer
         if self.uses_deepspeed:
             from trainwell.backend.deepspeed import prepare_engine
 
-            return prepare_engine(self.accelerator, self.args, model, optimizer, scheduler, num_training_steps)
-        if self.shards_model:
+            model, optimizer, scheduler = prepare_engine(
+                self.accelerator, self.args, model, optimizer, scheduler, num_training_steps
+            )
+        elif self.shards_model:
             model, optimizer = self.accelerator.prepare(model, optimizer)
-            return model, optimizer, scheduler
-        return self.prepare_model(model), self.prepare_optimizer(optimizer), scheduler
+        else:
+            model, optimizer = self.prepare_model(model), self.prepare_optimizer(optimizer)
+        self._prepared = (model, optimizer)
+        return model, optimizer, scheduler
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Wrap the optimizer when Accelerate has work to do in ``step`` (a grad scaler, DeepSpeed, XLA).
