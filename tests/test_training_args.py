@@ -172,11 +172,14 @@ def make(**kwargs) -> TrainingArguments:
 # --- the field list ---------------------------------------------------------------------------------------
 
 
+TRAINWELL_FIELDS: list[tuple[str, object]] = [("save_async", False)]  # after the reference's, trainwell's own
+
+
 def test_field_names_and_defaults_match_transformers_5_23():
     fields = dataclasses.fields(TrainingArguments)
-    assert len(fields) == 114
-    assert [f.name for f in fields] == [name for name, _ in EXPECTED_FIELDS]
-    for f, (name, expected) in zip(fields, EXPECTED_FIELDS):
+    assert len(fields) == 114 + len(TRAINWELL_FIELDS)
+    assert [f.name for f in fields] == [name for name, _ in EXPECTED_FIELDS + TRAINWELL_FIELDS]
+    for f, (name, expected) in zip(fields, EXPECTED_FIELDS + TRAINWELL_FIELDS):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         assert default == expected and type(default) is type(expected), name
         assert f.init, name
@@ -213,7 +216,7 @@ def test_default_optim_and_output_dir(monkeypatch):
 def test_signature_lists_fields_and_no_aliases():
     params = inspect.signature(TrainingArguments).parameters
     assert list(params)[:3] == ["output_dir", "per_device_train_batch_size", "num_train_epochs"]
-    assert "evaluation_strategy" not in params and len(params) == 114
+    assert "evaluation_strategy" not in params and len(params) == 114 + len(TRAINWELL_FIELDS)
 
 
 def test_positional_output_dir():
@@ -619,7 +622,7 @@ def test_alias_is_mapped_with_a_future_warning(kwargs, expected, warning, needs_
         args = make(**kwargs)
     for name, value in expected.items():
         assert getattr(args, name) == value, name
-    assert len(dataclasses.fields(args)) == 114
+    assert len(dataclasses.fields(args)) == 114 + len(TRAINWELL_FIELDS)
 
 
 @pytest.mark.parametrize(
@@ -904,12 +907,19 @@ def _rich_args() -> TrainingArguments:
 
 def test_to_dict_is_plain_and_masks_tokens():
     data = _rich_args().to_dict()
-    assert list(data) == [name for name, _ in EXPECTED_FIELDS]
+    assert list(data) == [name for name, _ in EXPECTED_FIELDS]  # trainwell's own fields only when set
     assert data["eval_strategy"] == "steps" and type(data["eval_strategy"]) is str
     assert data["optim"] == "adamw_torch_fused" and data["lr_scheduler_type"] == "cosine"
     assert data["hub_token"] == "<HUB_TOKEN>"
     assert data["accelerator_config"]["even_batches"] is False
     assert json.loads(json.dumps(data)) == data
+
+
+def test_trainwell_fields_reach_the_dict_only_when_set_and_round_trip(tmp_path):
+    args = make(save_async=True)
+    assert args.to_dict()["save_async"] is True
+    assert TrainingArguments.from_dict(args.to_dict()).save_async is True
+    assert "save_async" not in make().to_dict()
 
 
 def test_to_dict_copies_containers():

@@ -53,6 +53,10 @@ LOG_LEVELS: dict[str, int] = {
 }
 
 
+#: trainwell's own fields (after the reference's); ``to_dict`` writes them only when set
+TRAINWELL_ONLY = frozenset({"save_async"})
+
+
 def _arg(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None, **meta: Any) -> Any:
     meta["help"] = help
     if factory is not None:
@@ -321,6 +325,10 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
     resume_from_checkpoint: str | None = _arg(None, "Script flag: checkpoint folder to resume from.")
     local_rank: int = _arg(-1, "Set by old launchers; read local_process_index instead.")
 
+    # --- trainwell's own (after the reference's fields; not in transformers) ---
+    save_async: bool = _arg(False, "trainwell: write checkpoints in the background; training waits only for a "
+                            "host copy of the weights and optimizer state (see docs/checkpoints.md).")
+
     def __post_init__(self) -> None:
         normalize.normalize_args(self, AcceleratorConfig)
         validate.validate_args(self)
@@ -446,8 +454,16 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
     # --- serialization ---
 
     def to_dict(self) -> dict[str, Any]:
-        """Fields as plain JSON-friendly values; enums become strings and ``*_token`` fields are masked."""
-        out = {f.name: normalize.to_plain(getattr(self, f.name)) for f in fields(self) if f.init}
+        """Fields as plain JSON-friendly values; enums become strings and ``*_token`` fields are masked.
+
+        trainwell's own fields appear only when set away from their default, so the dict of a run that uses none
+        holds exactly the reference's keys (and ``transformers.TrainingArguments(**d)`` accepts it).
+        """
+        out = {
+            f.name: normalize.to_plain(getattr(self, f.name))
+            for f in fields(self)
+            if f.init and not (f.name in TRAINWELL_ONLY and getattr(self, f.name) == f.default)
+        }
         out.update({name: f"<{name.upper()}>" for name in out if name.endswith("_token")})
         return out
 

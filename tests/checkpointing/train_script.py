@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--ready-file", default=None)
     parser.add_argument("--die-in-save", default=None, help="STEP:FILE, e.g. 4:optimizer.pt")
+    parser.add_argument("--save-async", action="store_true", help="save_async: write checkpoints in the background")
     cli = parser.parse_args()
 
     if cli.die_in_save:
@@ -117,7 +118,7 @@ def main() -> None:
         max_grad_norm=1.0, num_train_epochs=cli.epochs, max_steps=cli.max_steps, logging_steps=1,
         save_strategy=strategy, save_steps=cli.save_steps or 10_000, dataloader_num_workers=cli.workers,
         ignore_data_skip=cli.ignore_data_skip, enable_jit_checkpoint=cli.jit, report_to="none",
-        disable_tqdm=True, use_cpu=True, seed=7,
+        disable_tqdm=True, use_cpu=True, seed=7, save_async=cli.save_async,
     )
     torch.manual_seed(0)
     callbacks: list = []

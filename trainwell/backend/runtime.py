@@ -104,6 +104,11 @@ class Runtime:
             )
         #: DeepSpeed runs the model: it clips, steps and zeroes inside the last micro-batch's backward
         self.uses_deepspeed: bool = kind == DistributedType.DEEPSPEED
+        if args.save_async and (self.shards_model or self.uses_deepspeed):
+            raise NotImplementedError(
+                f"save_async=True is not supported under {kind.value} yet: its checkpoints are written by every "
+                "process through the engine. Set save_async=False (or train without the engine)."
+            )
         #: the dtype floating-point inputs take: DeepSpeed keeps a half-precision model and no autocast
         self.input_dtype: torch.dtype | None = None
         if self.uses_deepspeed:

@@ -19,9 +19,11 @@ says how many windows of the current epoch were consumed. Loading never unpickle
 
 from __future__ import annotations
 
+import copy
 import enum
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,19 +140,23 @@ def saving_methods(save_only_model: bool) -> list[str]:
 
 
 def save_checkpoint(trainer: TrainerHooks, run_dir: str) -> Path:
-    """Write ``checkpoint-{global_step}`` atomically and apply ``save_total_limit``; returns its path."""
-    args, runtime, state = trainer.args, trainer.runtime, trainer.state
+    """Write ``checkpoint-{global_step}`` atomically and apply ``save_total_limit``; returns its path.
+
+    With ``save_async`` the model, optimizer, scheduler and scaler are copied to host buffers here and written,
+    synced and published by a background thread (``trainwell.checkpoint.background``); the small files (RNG
+    states, data position, arguments, trainer state) are written before this returns, as in a synchronous save.
+    """
+    args, runtime, state, run = trainer.args, trainer.runtime, trainer.state, trainer.training_run
+    background = run.writer if args.save_async and run is not None else None
+    if background is not None:
+        background.wait()  # the previous save is published before this one reuses the host buffers
     final = checkpoint_path(run_dir, state.global_step)
     atomic = AtomicDirectory(final)
     if args.should_save:
         atomic.create()
     runtime.wait_for_everyone()
     tmp = str(atomic.tmp)
-    for method in saving_methods(args.save_only_model):
-        if method == "save_model":
-            trainer.save_model(tmp, _internal_call=True)  # the reference's flag: a checkpoint's model
-        else:
-            getattr(trainer, method)(tmp)
+    heavy = _stage_in_background(trainer, tmp) if background is not None else _write_pieces(trainer, tmp)
     # Every process: load_best_model_at_end reloads the best weights on all of them (under FSDP, together).
     _update_best_checkpoint(trainer, run_dir)
     if args.should_save:
@@ -158,14 +164,70 @@ def save_checkpoint(trainer: TrainerHooks, run_dir: str) -> Path:
         state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
     runtime.wait_for_everyone()  # every rank's files are in the temporary folder
     if args.should_save:
-        atomic.publish()
         # The folder just written is protected too: after resuming from an older checkpoint, a higher-numbered
         # one left by the earlier run would otherwise count as "the newest" and this one be deleted.
-        run = trainer.training_run
         resumed = run.resume.path if run is not None and run.resume is not None else None
-        rotate_checkpoints(run_dir, args.save_total_limit, protected=(state.best_model_checkpoint, resumed, final))
+        protected = (state.best_model_checkpoint, resumed, final)
+
+        def finish() -> None:
+            if heavy is not None:
+                heavy()
+            atomic.publish()
+            rotate_checkpoints(run_dir, args.save_total_limit, protected=protected)
+
+        if background is not None:
+            background.submit(final.name, finish)
+        else:
+            finish()
     runtime.wait_for_everyone()
     return final
+
+
+def _write_pieces(trainer: TrainerHooks, tmp: str) -> None:
+    """The synchronous save: the saving methods of ``CONTENTS``, in table order (nothing left to run later)."""
+    for method in saving_methods(trainer.args.save_only_model):
+        if method == "save_model":
+            trainer.save_model(tmp, _internal_call=True)  # the reference's flag: a checkpoint's model
+        else:
+            getattr(trainer, method)(tmp)
+
+
+_SNAPSHOT_METHODS = ("save_model", "_save", "_save_optimizer_and_scheduler", "_save_scaler")
+
+
+def _stage_in_background(trainer: TrainerHooks, tmp: str) -> Callable[[], None] | None:
+    """``save_async``: write the small pieces now, copy the large ones to host buffers, and return the job that
+    writes those copies (None on processes that write nothing more)."""
+    from trainwell.trainer import Trainer  # the default bodies, to tell an override apart
+
+    overridden = [m for m in _SNAPSHOT_METHODS if getattr(type(trainer), m) is not getattr(Trainer, m)]
+    if overridden:
+        raise ValueError(
+            f"save_async=True writes checkpoints from a snapshot and cannot call the overridden {overridden}: set "
+            "save_async=False to keep the overrides."
+        )
+    args = trainer.args
+    if not args.save_only_model:
+        trainer._save_rng_state(tmp)  # every process: its RNG states and data position
+    if not args.should_save:
+        return None
+    save_model_files(trainer, tmp, weights=False)  # arguments and processing class
+    staging, model = trainer.training_run.staging, model_utils.unwrap(trainer.model)
+    weights = staging.snapshot("model", model.state_dict())
+    states = {}
+    if not args.save_only_model:
+        states[OPTIMIZER_NAME] = staging.snapshot("optimizer", trainer.optimizer.state_dict())
+        states[SCHEDULER_NAME] = copy.deepcopy(trainer.lr_scheduler.state_dict())
+        scaler = trainer.precision.state_dict()
+        if scaler is not None:
+            states[SCALER_NAME] = copy.deepcopy(scaler)
+
+    def write() -> None:
+        save_model_weights(model, tmp, state_dict=weights)
+        for name, state in states.items():
+            torch_save(state, os.path.join(tmp, name))
+
+    return write
 
 
 def save_model(trainer: TrainerHooks, output_dir: str | None, internal_call: bool) -> None:
@@ -177,7 +239,8 @@ def save_model(trainer: TrainerHooks, output_dir: str | None, internal_call: boo
     runtime = trainer.runtime
     if runtime.uses_deepspeed:
         engine = trainer.model_wrapped
-        if internal_call and ds.zero_stage(engine) >= 3:  # the DeepSpeed checkpoint holds the partitioned model
+        # A ZeRO-3 checkpoint's model is in DeepSpeed's checkpoint (partitioned), unless save_only_model skips that
+        if internal_call and ds.zero_stage(engine) >= 3 and not trainer.args.save_only_model:
             if trainer.args.should_save:
                 save_model_files(trainer, output_dir or trainer.args.output_dir, weights=False)
         else:

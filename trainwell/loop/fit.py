@@ -72,12 +72,16 @@ class FitLoop:
             )  # fmt: skip
             last_epoch = first_epoch
         epochs = EpochIterator(hooks, run.feed, plan, resume)
-        for epoch in range(first_epoch, last_epoch):
-            skip_windows = resume.windows_done if resume is not None and epoch == first_epoch else 0
-            self._fire("on_epoch_begin")
-            self._run_epoch(epochs, epoch, skip_windows)
-            if hooks.control.should_training_stop:
-                break
+        try:
+            for epoch in range(first_epoch, last_epoch):
+                skip_windows = resume.windows_done if resume is not None and epoch == first_epoch else 0
+                self._fire("on_epoch_begin")
+                self._run_epoch(epochs, epoch, skip_windows)
+                if hooks.control.should_training_stop:
+                    break
+            run.writer.wait()  # save_async: the last checkpoint is published before the best one is reloaded
+        finally:
+            run.writer.finish_quietly()  # training failed: still let a checkpoint in flight reach the disk
         return self._finish()
 
     def _fire(self, event: str) -> None:

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainwell.checkpoint.background import BackgroundWriter, HostStaging
+
 if TYPE_CHECKING:
     from trainwell.checkpoint.resume import Resume
     from trainwell.data.train_loader import TrainFeed
@@ -79,6 +81,9 @@ class TrainingRun:
         optimizer = getattr(hooks.optimizer, "optimizer", hooks.optimizer)
         #: schedule-free optimizers keep separate train/eval weights: ``train()``/``eval()`` switch them
         self.optimizer_has_modes = has_train_eval_modes(optimizer)
+        #: ``save_async``: the thread that writes checkpoints, and the host buffers it writes from
+        self.writer = BackgroundWriter()
+        self.staging = HostStaging()
 
     def count_tokens(self, inputs: Any) -> None:
         """Add one micro-batch's input tokens (``include_num_input_tokens_seen``) to the pending count."""

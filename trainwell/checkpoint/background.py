@@ -1,0 +1,105 @@
+"""Writing a checkpoint while training goes on (``save_async=True``).
+
+Owns the two halves of a background save: :class:`HostStaging`, which copies the model's and the optimizer's
+tensors into host buffers kept from one save to the next (the only part the training loop waits for: one copy,
+no allocation after the first save, no disk), and :class:`BackgroundWriter`, the one thread that then writes
+those copies, fsyncs them and publishes the folder (``trainwell.checkpoint.io.AtomicDirectory``).
+
+The guarantees are those of a synchronous save: the folder is renamed into place only once every file is
+written and synced, so a crash during the background write leaves a temporary folder that resume skips and
+removes; a save waits for the previous one to be published before it overwrites the buffers; ``train()`` waits
+for the last one before it returns (or raises), so a finished run's checkpoints are all on disk.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class HostStaging:
+    """Host copies of nested states (dicts and lists of tensors), in buffers reused by later snapshots."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def snapshot(self, name: str, state: Any) -> Any:
+        """``state`` with every tensor replaced by a host copy; other values deep-copied as plain data.
+
+        Tensors that are views of the same memory (tied weights) share one copy, as they share storage.
+        """
+        self._seen: dict[tuple[Any, ...], torch.Tensor] = {}
+        copied = self._copy(state, (name,))
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the device-to-host copies were queued without waiting
+        return copied
+
+    def _copy(self, value: Any, path: tuple[Any, ...]) -> Any:
+        if isinstance(value, torch.Tensor):
+            alias = (value.device, value.untyped_storage().data_ptr(), value.storage_offset(), value.shape,
+                     value.dtype)
+            if alias in self._seen:
+                return self._seen[alias]
+            buffer = self._buffers.get(path)
+            if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
+                pin = value.device.type == "cuda"
+                buffer = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=pin)
+                self._buffers[path] = buffer
+            buffer.copy_(value.detach(), non_blocking=True)
+            self._seen[alias] = buffer
+            return buffer
+        if isinstance(value, dict):
+            return type(value)((k, self._copy(v, (*path, k))) for k, v in value.items())
+        if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+            return type(value)(self._copy(v, (*path, i)) for i, v in enumerate(value))
+        return value  # numbers, strings, None: immutable
+
+
+class BackgroundWriter:
+    """Runs one save job at a time on a thread; :meth:`wait` joins it and re-raises what it raised."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._what = ""
+
+    def submit(self, what: str, job: Callable[[], None]) -> None:
+        self.wait()
+        self._what = what
+
+        def run() -> None:
+            try:
+                job()
+            except BaseException as err:  # re-raised in the training thread by wait()
+                self._error = err
+
+        self._thread = threading.Thread(target=run, name=f"trainwell-save-{what}", daemon=False)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def finish_quietly(self) -> None:
+        """Let the running job end without raising (training already failed: that error is the one to see)."""
+        try:
+            self.wait()
+        except RuntimeError as err:
+            import logging
+
+            logging.getLogger(__name__).error("%s", err)
+
+    def wait(self) -> None:
+        """Block until the running job ends; raise its error (naming the checkpoint) if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise RuntimeError(
+                f"The background save of {self._what} failed ({type(error).__name__}: {error}); the checkpoint was "
+                "not published, earlier checkpoints are intact."
+            ) from error
