@@ -195,3 +195,22 @@ def test_the_plugin_does_not_need_transformers(monkeypatch):
     plugin = make_plugin({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 1})
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
     plugin.set_deepspeed_weakref()  # Accelerate's own plugin raises an ImportError here
+
+
+@pytest.mark.distributed
+def test_sigterm_with_rotation_and_save_only_model_under_zero3(runs):
+    """SIGTERM on both processes as step 3 begins (enable_jit_checkpoint): checkpoint-3 is saved and rotation
+    (save_total_limit=1) removes checkpoint-2; with save_only_model it holds the full weights (gathered from the
+    ZeRO-3 partitions), not DeepSpeed's checkpoint."""
+    from safetensors.torch import load_file
+
+    stopped = runs("jit", "--stage", "3", "--save-steps", "2", "--save-total-limit", "1", "--save-only-model",
+                   "--sigterm-at", "3")
+    assert stopped["last_step"] == 3 and stopped["losses"] == pytest.approx(_zero3(runs)["losses"][:3], abs=TOL)
+    workdir = runs.workdir("jit")
+    assert sorted(p.name for p in workdir.glob("checkpoint-*")) == ["checkpoint-3"]
+    files = sorted(p.name for p in (workdir / "checkpoint-3").iterdir())
+    assert files == ["model.safetensors", "trainer_state.json", "training_args.json"]
+    saved, final = load_file(str(workdir / "checkpoint-3" / "model.safetensors")), load_file(
+        str(workdir / "final" / "model.safetensors"))
+    assert saved.keys() == final.keys() and all(torch.equal(saved[k], final[k]) for k in saved)

@@ -33,7 +33,8 @@ class Runs:
     def workdir(self, name: str) -> Path:
         return self.root / name
 
-    def __call__(self, name: str, processes: int, *flags: str) -> dict:
+    def __call__(self, name: str, processes: int, *flags: str, killed: bool = False, workdir: str = "") -> dict:
+        """Run ``name`` once (in the folder of ``workdir`` or of ``name``); ``killed``: a process dies on purpose."""
         if name not in self.results:
             out = self.root / f"{name}.json"
             if processes:
@@ -41,10 +42,16 @@ class Runs:
             else:
                 launch = [sys.executable]  # one plain process, no process group
             env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.run(launch + [SCRIPT, "--out", str(out), "--workdir", str(self.workdir(name)), *flags],
+            folder = str(self.workdir(workdir or name))
+            proc = subprocess.run(launch + [SCRIPT, "--out", str(out), "--workdir", folder, *flags],
                                   env=env, capture_output=True, text=True, timeout=300)
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
-            self.results[name] = {**json.loads(out.read_text()), "log": proc.stdout + proc.stderr}
+            log = proc.stdout + proc.stderr
+            if killed:  # a process was killed on purpose: torchrun stops the others and fails
+                assert proc.returncode != 0 and "(SIGKILL)" in log, log[-4000:]
+                self.results[name] = {"log": log}
+            else:
+                assert proc.returncode == 0, log[-7000:]
+                self.results[name] = {**json.loads(out.read_text()), "log": log}
         return self.results[name]
 
 
@@ -159,3 +166,46 @@ def test_a_sharded_checkpoint_without_its_metadata_is_incomplete(runs, tmp_path)
     (run_dir / "checkpoint-3" / "pytorch_model_fsdp_0" / ".metadata").unlink()
     assert incomplete_reason(run_dir / "checkpoint-3") == "no model weights file"
     assert get_last_checkpoint(run_dir) is None
+
+
+@pytest.mark.parametrize("rank,when", [(1, "before"), (0, "after")])
+def test_a_kill_during_a_sharded_save_leaves_a_resumable_run(runs, rank, when):
+    """Rank 1 dies before its optimizer shards are written (rank 0 is inside the DCP collective), or rank 0 dies
+    once every shard and the metadata are written but before the folder is published: checkpoint-6 never
+    appears, resume picks checkpoint-3 and ends where the uninterrupted run ended, bitwise."""
+    from trainwell.checkpoint.resume import get_last_checkpoint
+
+    full = _two_ranks(runs)
+    name = f"killed-{rank}-{when}"
+    runs(name, 2, *FSDP, "--save-steps", "3", "--die-in-save", f"6:{rank}:{when}", killed=True)
+    workdir = runs.workdir(name)
+    assert get_last_checkpoint(str(workdir)) == str(workdir / "checkpoint-3")
+    assert not (workdir / "checkpoint-6").exists() and (workdir / ".tmp-checkpoint-6").exists()
+    resumed = runs(name + "-resumed", 2, *FSDP, "--save-steps", "3", "--resume", "true", workdir=name)
+    assert resumed["params"] == full["params"] and resumed["losses"] == full["losses"]
+
+
+def test_activation_checkpointing_trains_like_the_plain_run(runs):
+    """fsdp_config's activation_checkpointing recomputes each wrapped layer in the backward pass: the arithmetic is
+    the plain run's, so the weights agree. (SIZE_BASED_WRAP would pick this model's ModuleList, which FSDP2
+    cannot wrap: trainwell refuses that early, see test_fsdp_args.py.)"""
+    config = '{"activation_checkpointing": true}'
+    checkpointed = runs("checkpointed", 2, *FSDP, "--save-steps", "3", "--fsdp-config", config)
+    assert checkpointed["sharded_params"] and checkpointed["checkpointed_layers"] > 0
+    full = _two_ranks(runs)
+    assert full["checkpointed_layers"] == 0
+    assert _max_diff(checkpointed, full) < TOL and checkpointed["losses"] == pytest.approx(full["losses"], abs=TOL)
+
+
+def test_sigterm_saves_a_jit_checkpoint_that_rotation_keeps_and_that_resumes_exactly(runs):
+    """Both processes get SIGTERM as step 5 begins (enable_jit_checkpoint): step 5 ends, checkpoint-5 is saved
+    through DCP, save_total_limit=1 removes checkpoint-4, and a rerun resumes from it to the plain run's end."""
+    stopped = runs("jit", 2, *FSDP, "--save-steps", "2", "--save-total-limit", "1", "--sigterm-at", "5")
+    assert stopped["last_step"] == 5
+    workdir = runs.workdir("jit")
+    assert sorted(p.name for p in workdir.glob("checkpoint-*")) == ["checkpoint-5"]
+    assert {"optimizer_0", "pytorch_model_fsdp_0"} <= {p.name for p in (workdir / "checkpoint-5").iterdir()}
+    resumed = runs("jit-resumed", 2, *FSDP, "--save-steps", "2", "--resume", "true", workdir="jit")
+    full = _two_ranks(runs)
+    assert resumed["last_step"] == 6
+    assert resumed["params"] == full["params"] and resumed["losses"] == full["losses"]

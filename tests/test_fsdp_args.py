@@ -92,3 +92,28 @@ def test_an_earlier_fsdp_trainer_does_not_turn_fsdp_on_for_the_next_one(tmp_path
     assert os.environ.get("ACCELERATE_USE_FSDP") == "true"  # what Accelerate left behind
     trainer = Trainer(model=RegressionModel(), args=TrainingArguments(str(tmp_path), use_cpu=True, report_to="none"))
     assert not trainer.runtime.shards_model
+
+
+def test_size_based_wrapping_that_would_pick_a_module_container_is_refused_early():
+    """Accelerate's size policy would hand the ModuleList holding the layers to fully_shard, which cannot wrap a
+    container: the error names it and the class-based policy that works."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch import nn
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+
+    from trainwell.backend.engines import check_size_based_wrap
+
+    class Layer(nn.Linear):
+        pass
+
+    model = nn.Sequential(nn.Linear(4, 4))
+    model.layers = nn.ModuleList([Layer(16, 16), Layer(16, 16)])
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=100)
+    assert getattr(plugin.auto_wrap_policy, "func", plugin.auto_wrap_policy) is size_based_auto_wrap_policy
+    with pytest.raises(ValueError, match=r"would shard 'layers' \(ModuleList, 544 parameters\).*"
+                                         r"'transformer_layer_cls_to_wrap': \['Layer'\].*min_num_params >= 544"):
+        check_size_based_wrap(plugin, model)
+    plugin.min_num_params = 544
+    check_size_based_wrap(plugin, model)  # the container stays below the limit: nothing to refuse
+    check_size_based_wrap(FullyShardedDataParallelPlugin(fsdp_version=2, transformer_cls_names_to_wrap=["Layer"]),
+                          model)

@@ -20,6 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from tests.common import engine_flags  # noqa: E402
 from tests.common.models import ClassificationDataset  # noqa: E402
 from tests.distributed.fsdp_script import Net  # noqa: E402
 
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--ds-optimizer", action="store_true", help="the config names the optimizer and scheduler")
     parser.add_argument("--plain", action="store_true", help="no DeepSpeed: the DDP run to compare with")
     parser.add_argument("--best", action="store_true")
+    engine_flags.add_flags(parser)
     parser.add_argument("--resume", default=None)
     parser.add_argument("--no-transformers", action="store_true",
                         help="run as if transformers were not installed (imports of it fail)")
@@ -78,9 +80,11 @@ def main() -> None:
         learning_rate=1e-2, weight_decay=0.1, max_steps=cli.max_steps, logging_steps=1, report_to="none",
         disable_tqdm=True, bf16=cli.bf16, save_strategy="steps" if cli.save_steps else "no",
         save_steps=cli.save_steps or 500, **engine, **best,
+        **engine_flags.arguments(cli),
     )
     data = ClassificationDataset(n=96)
-    trainer = Trainer(model=Net(), args=args, train_dataset=data, eval_dataset=data if cli.best else None)
+    trainer = Trainer(model=Net(), args=args, train_dataset=data, eval_dataset=data if cli.best else None,
+                      callbacks=engine_flags.callbacks(cli))
     trainer.train(resume_from_checkpoint=cli.resume)
     final = os.path.join(cli.workdir, "final")
     trainer.save_model(final)  # every process: under ZeRO-3 the weights are gathered
@@ -98,6 +102,7 @@ def main() -> None:
                 "engine": type(trainer.model_wrapped).__name__,
                 "precision": trainer.runtime.mixed_precision,
                 "best_step": trainer.state.best_global_step,
+                "last_step": trainer.state.global_step,
             }, fh)
 
 

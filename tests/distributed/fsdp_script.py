@@ -23,6 +23,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from tests.common import engine_flags  # noqa: E402
 from tests.common.models import ClassificationDataset  # noqa: E402
 
 
@@ -73,6 +74,27 @@ def install_fsdp_on_cpu_patch() -> None:
     Accelerator.__init__ = init
 
 
+def die_in_save(step: int, rank: int, when: str) -> None:
+    """SIGKILL process ``rank`` in the sharded save of ``checkpoint-{step}``: ``before`` its optimizer shards are
+    written (the other process is then inside the DCP collective), or ``after`` them (every shard and the
+    metadata are written, the folder is not yet published)."""
+    import signal
+
+    from trainwell.checkpoint import sharded
+
+    original = sharded.save_optimizer_shards
+
+    def dying(model, optimizer, directory):
+        dies = f"checkpoint-{step}" in str(directory) and int(os.environ.get("RANK", "0")) == rank
+        if dies and when == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        original(model, optimizer, directory)
+        if dies:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    sharded.save_optimizer_shards = dying
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -86,15 +108,22 @@ def main() -> None:
     parser.add_argument("--state-dict-type", default="SHARDED_STATE_DICT")
     parser.add_argument("--best", action="store_true", help="evaluate and load the best model at the end")
     parser.add_argument("--compile", action="store_true", help="torch_compile with the eager backend")
-    parser.add_argument("--resume", default=None)
+    engine_flags.add_flags(parser)
+    parser.add_argument("--resume", default=None, help="a checkpoint folder, or 'true' for the newest complete one")
+    parser.add_argument("--fsdp-config", default="{}", help="JSON merged into the fsdp_config")
+    parser.add_argument("--die-in-save", default=None, help="STEP:RANK:before|after (see die_in_save)")
     cli = parser.parse_args()
     if cli.fsdp_on_cpu:
         install_fsdp_on_cpu_patch()
+    if cli.die_in_save:
+        step, rank, when = cli.die_in_save.split(":")
+        die_in_save(int(step), int(rank), when)
 
     from trainwell import Trainer, TrainingArguments
 
-    fsdp = {"fsdp": True, "fsdp_config": {"transformer_layer_cls_to_wrap": ["Block"],
-                                           "state_dict_type": cli.state_dict_type}} if cli.fsdp else {}
+    fsdp_config = {"transformer_layer_cls_to_wrap": ["Block"], "state_dict_type": cli.state_dict_type,
+                   **json.loads(cli.fsdp_config)}
+    fsdp = {"fsdp": True, "fsdp_config": fsdp_config} if cli.fsdp else {}
     best = {"eval_strategy": "steps", "eval_steps": cli.save_steps, "load_best_model_at_end": True,
             "metric_for_best_model": "loss"} if cli.best else {}
     args = TrainingArguments(
@@ -102,10 +131,12 @@ def main() -> None:
         learning_rate=1e-2, weight_decay=0.1, max_steps=cli.max_steps, logging_steps=1, report_to="none",
         disable_tqdm=True, use_cpu=True, save_strategy="steps" if cli.save_steps else "no",
         save_steps=cli.save_steps or 500, torch_compile_backend="eager" if cli.compile else None, **fsdp, **best,
+        **engine_flags.arguments(cli),
     )
     data = ClassificationDataset(n=96)
-    trainer = Trainer(model=Net(), args=args, train_dataset=data, eval_dataset=data if cli.best else None)
-    trainer.train(resume_from_checkpoint=cli.resume)
+    trainer = Trainer(model=Net(), args=args, train_dataset=data, eval_dataset=data if cli.best else None,
+                      callbacks=engine_flags.callbacks(cli))
+    trainer.train(resume_from_checkpoint=True if cli.resume == "true" else cli.resume)
     from torch.distributed.tensor import DTensor
 
     sharded = all(isinstance(p, DTensor) for p in trainer.model.parameters())
@@ -124,6 +155,8 @@ def main() -> None:
                 "sharded_params": sharded,
                 "compiled": hasattr(trainer.model_wrapped, "_orig_mod"),
                 "best_step": trainer.state.best_global_step,
+                "last_step": trainer.state.global_step,
+                "checkpointed_layers": sum(hasattr(m, "_checkpoint_wrapped_module") for m in trainer.model.modules()),
             }, fh)
 
 

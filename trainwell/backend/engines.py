@@ -124,6 +124,32 @@ def _fsdp_plugin(args: Any) -> Any:
     return FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
 
 
+def check_size_based_wrap(plugin: Any, model: Any) -> None:
+    """FSDP2 with ``SIZE_BASED_WRAP``: refuse, before anything is sharded, a policy that would pick a module container.
+
+    Accelerate shards every module above ``min_num_params``; an ``nn.ModuleList``/``nn.ModuleDict`` holding the
+    layers always qualifies when a layer does, and ``fully_shard`` cannot wrap a container (it has no
+    ``forward``), so the run would crash inside ``prepare`` (with the reference too).
+    """
+    from torch import nn
+
+    policy = getattr(plugin.auto_wrap_policy, "func", plugin.auto_wrap_policy)
+    if getattr(policy, "__name__", "") != "size_based_auto_wrap_policy":
+        return
+    limit = plugin.min_num_params
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            size = sum(p.numel() for p in module.parameters())
+            if size > limit:
+                items = sorted({type(m).__name__ for m in module.children()})
+                raise ValueError(
+                    f"fsdp_config auto_wrap_policy='SIZE_BASED_WRAP' with min_num_params={limit} would shard "
+                    f"'{name}' ({type(module).__name__}, {size:,} parameters) on its own, and FSDP2 cannot wrap a "
+                    "container (it has no forward). Use fsdp_config={'auto_wrap_policy': 'TRANSFORMER_BASED_WRAP', "
+                    f"'transformer_layer_cls_to_wrap': {items}}} (its items' classes), or min_num_params >= {size}."
+                )
+
+
 def _deepspeed_plugin(args: Any) -> Any:
     """``deepspeed=`` (or ``accelerate launch --use_deepspeed``): Accelerate's plugin, "auto" values filled."""
     if not (args.deepspeed or _launched_with("ACCELERATE_USE_DEEPSPEED")):

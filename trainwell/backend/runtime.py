@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from trainwell.backend.engines import build_accelerator
+from trainwell.backend.engines import build_accelerator, check_size_based_wrap
 from trainwell.backend.precision import Precision
 
 logger = logging.getLogger(__name__)
@@ -138,6 +138,7 @@ class Runtime:
                 self.accelerator, self.args, model, optimizer, scheduler, num_training_steps
             )
         elif self.shards_model:
+            check_size_based_wrap(self.accelerator.state.fsdp_plugin, model)
             model, optimizer = self.accelerator.prepare(model, optimizer)
         else:
             model, optimizer = self.prepare_model(model), self.prepare_optimizer(optimizer)
