@@ -164,3 +164,13 @@ class EvalLoopOutput(NamedTuple):
     label_ids: Any
     metrics: dict[str, float] | None
     num_samples: int | None
+
+
+class BestRun(NamedTuple):
+    """The best trial of ``Trainer.hyperparameter_search``: its id, objective value(s), hyperparameters and (Ray
+    Tune) run summary."""
+
+    run_id: str
+    objective: float | list[float]
+    hyperparameters: dict[str, Any]
+    run_summary: Any | None = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -30,12 +30,20 @@ from trainwell import wiring
 from trainwell.backend.runtime import Runtime, to_device
 from trainwell.checkpoint import contents
 from trainwell.checkpoint.contents import Phase
-from trainwell.checkpoint.layout import TRAINER_STATE_NAME
+from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module-level names)
+    OPTIMIZER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    TRAINER_STATE_NAME,
+    TRAINING_ARGS_NAME,
+)
 from trainwell.checkpoint.resume import Resume
 from trainwell.data import loaders
 from trainwell.data.train_loader import build_train_feed
 from trainwell.events.callback import TrainerCallback
+from trainwell.events.flow import DefaultFlowCallback
 from trainwell.events.handler import CallbackHandler
+from trainwell.events.progress import ProgressCallback
 from trainwell.loop import boundary, evaluation
 from trainwell.loop.fit import FitLoop
 from trainwell.loop.losses import label_smoothed_loss, logits_of
@@ -49,6 +57,10 @@ from trainwell.utils import model as model_utils
 from trainwell.utils.seed import enable_full_determinism, set_seed
 
 logger = logging.getLogger(__name__)
+
+#: the reference's default callbacks (trainwell adds trackers, the progress display and preemption as it runs)
+DEFAULT_CALLBACKS = [DefaultFlowCallback]
+DEFAULT_PROGRESS_CALLBACK = ProgressCallback
 
 
 class Trainer:
@@ -313,7 +325,7 @@ class Trainer:
 
     def _prepare_inputs(self, inputs: Any) -> Any:
         """Move a batch to the device; an empty batch is an error naming the fix."""
-        if isinstance(inputs, dict) and not inputs:
+        if isinstance(inputs, Mapping) and not inputs:
             raise ValueError(
                 "The batch is empty: the data collator returned no keys. Check the dataset's columns against the "
                 "model's forward arguments, or pass remove_unused_columns=False."
@@ -492,6 +504,19 @@ class Trainer:
     def end(self) -> None:
         """Release the runtime (trackers, process group)."""
         self.runtime.end()
+
+    def create_model_card(
+        self, language: str | None = None, license: str | None = None, tags: str | list[str] | None = None,
+        model_name: str | None = None, finetuned_from: str | None = None, tasks: str | list[str] | None = None,
+        dataset_tags: str | list[str] | None = None, dataset: str | list[str] | None = None,
+        dataset_args: str | list[str] | None = None,
+    ) -> None:
+        """Write a ``README.md`` model card into ``output_dir`` from this run (main process only; no Hub needed)."""
+        from trainwell.report.model_card import create_model_card
+
+        create_model_card(self, language=language, license=license, tags=tags, model_name=model_name,
+                          finetuned_from=finetuned_from, tasks=tasks, dataset_tags=dataset_tags, dataset=dataset,
+                          dataset_args=dataset_args)
 
     def hyperparameter_search(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("Trainer.hyperparameter_search is not implemented in trainwell yet.")

@@ -417,10 +417,19 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
     def get_process_log_level(self) -> int:
         """The ``logging`` level for this process: ``log_level`` if ``should_log``, else ``log_level_replica``.
 
-        ``"passive"`` resolves to the current effective level of the ``trainwell`` logger.
+        ``"passive"`` resolves to the library's verbosity, as in the reference: the ``trainwell`` logger's effective
+        level (``trainwell.utils.logging.set_verbosity_info()``), or ``transformers``' verbosity when the script
+        imported it and set it lower (an example script that switched only its Trainer imports still calls
+        ``transformers.utils.logging.set_verbosity_info()`` and expects INFO here).
         """
         level = LOG_LEVELS[self.log_level if self.should_log else self.log_level_replica]
-        return logging.getLogger("trainwell").getEffectiveLevel() if level == -1 else level
+        if level != -1:
+            return level
+        level = logging.getLogger("trainwell").getEffectiveLevel()
+        reference = sys.modules.get("transformers.utils.logging")
+        if reference is not None and hasattr(reference, "get_verbosity"):
+            level = min(level, reference.get_verbosity())
+        return level
 
     @contextlib.contextmanager
     def main_process_first(self, local: bool = True, desc: str = "work") -> Iterator[None]:

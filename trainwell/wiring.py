@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +62,7 @@ class ModelInfo:
                     self.flops_params = int(counter(exclude_embeddings=True))
                 except TypeError:
                     self.flops_params = int(counter())
-        if not self.flops_params or not isinstance(inputs, dict):
+        if not self.flops_params or not isinstance(inputs, Mapping):
             return 0
         main = inputs.get(self.main_input_name)
         return 6 * main.numel() * self.flops_params if isinstance(main, torch.Tensor) else 0

@@ -37,6 +37,19 @@ def string_to_bool(value: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false, yes/no, 1/0), got {value!r}")
 
 
+def HfArg(  # noqa: N802  (the reference's name)
+    *, aliases: str | list[str] | None = None, help: str | None = None, default: Any = dataclasses.MISSING,
+    default_factory: Callable[[], Any] | Any = dataclasses.MISSING, metadata: dict | None = None, **kwargs: Any,
+) -> dataclasses.Field:
+    """A dataclass field with command-line ``aliases`` and ``help`` for :class:`HfArgumentParser`."""
+    metadata = dict(metadata or {})
+    if aliases is not None:
+        metadata["aliases"] = aliases
+    if help is not None:
+        metadata["help"] = help
+    return dataclasses.field(metadata=metadata, default=default, default_factory=default_factory, **kwargs)
+
+
 def _choice_type(name: str, choices: Sequence[Any]) -> Callable[[str], Any]:
     by_text = {str(c): c for c in choices}
 

@@ -166,6 +166,20 @@ def prepare_engine(
     return tuple(accelerator.prepare(model, optimizer, scheduler))
 
 
+def active_zero_stage() -> int | None:
+    """The ZeRO stage of the DeepSpeed configuration Accelerate holds in this process (None without one)."""
+    import sys
+
+    if "accelerate" not in sys.modules:
+        return None
+    from accelerate.state import AcceleratorState
+
+    if not AcceleratorState._shared_state:
+        return None
+    plugin = getattr(AcceleratorState(), "deepspeed_plugin", None)
+    return None if plugin is None else int(plugin.zero_stage)
+
+
 def zero_stage(engine: Any) -> int:
     return int(engine.zero_optimization_stage())
 

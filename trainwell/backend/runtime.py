@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -231,7 +232,7 @@ def to_device(data: Any, device: torch.device, float_dtype: torch.dtype | None =
     if isinstance(data, torch.Tensor):
         dtype = float_dtype if float_dtype is not None and data.is_floating_point() else None
         return data.to(device, dtype=dtype, non_blocking=True)
-    if isinstance(data, dict):
+    if isinstance(data, Mapping):
         return type(data)({k: to_device(v, device, float_dtype) for k, v in data.items()})
     if isinstance(data, (list, tuple)):
         return type(data)(to_device(v, device, float_dtype) for v in data)

@@ -17,7 +17,7 @@ Differences from the reference, on purpose:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -75,11 +75,11 @@ def sample_lengths(dataset: Any, length_column: str, input_name: str) -> list[in
     lengths = []
     for i in range(len(dataset)):
         item = dataset[i]
-        if isinstance(item, dict) and length_column in item:
+        if isinstance(item, Mapping) and length_column in item:
             lengths.append(int(item[length_column]))
             continue
-        if not isinstance(item, dict) or input_name not in item:
-            keys = list(item) if isinstance(item, dict) else type(item).__name__
+        if not isinstance(item, Mapping) or input_name not in item:
+            keys = list(item) if isinstance(item, Mapping) else type(item).__name__
             raise ValueError(
                 f"train_sampling_strategy='group_by_length' needs each sample's length: sample {i} has no "
                 f"{input_name!r} (it has {keys}). Add a {length_column!r} column with the lengths, set "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
@@ -85,7 +85,7 @@ class RemoveColumnsCollator:
         self._logged = False
 
     def __call__(self, features: list[Any]) -> Any:
-        if features and isinstance(features[0], dict):
+        if features and isinstance(features[0], Mapping):
             keys = list(features[0])
             kept = [k for k in keys if k in self.columns]
             if not kept:

@@ -73,3 +73,42 @@ def reporting_callbacks(report_to: list[str] | None) -> list[Any]:
 def get_reporting_integration_callbacks(report_to: list[str] | None) -> list[type]:
     """The reference's function of that name: the callback *classes* for ``report_to``."""
     return [tracker_class(name) for name in dict.fromkeys(report_to or [])]
+
+
+def is_tensorboard_available() -> bool:
+    return TRACKERS["tensorboard"].installed()
+
+
+def is_mlflow_available() -> bool:
+    return TRACKERS["mlflow"].installed()
+
+
+def is_wandb_available() -> bool:
+    return TRACKERS["wandb"].installed()
+
+
+def is_trackio_available() -> bool:
+    return TRACKERS["trackio"].installed()
+
+
+def is_deepspeed_available() -> bool:
+    return _installed("deepspeed")
+
+
+def is_deepspeed_zero3_enabled() -> bool:
+    """True while a DeepSpeed ZeRO-3 configuration is active in this process (a Trainer built with one)."""
+    from trainwell.backend.deepspeed import active_zero_stage
+
+    return active_zero_stage() == 3
+
+
+_CALLBACKS = {entry.cls: name for name, entry in TRACKERS.items()}
+
+
+def __getattr__(name: str) -> Any:
+    """``from trainwell.integrations import TensorBoardCallback`` (the reference's import path), loaded lazily."""
+    if name in _CALLBACKS:
+        value = getattr(importlib.import_module(TRACKERS[_CALLBACKS[name]].module), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

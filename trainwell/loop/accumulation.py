@@ -25,7 +25,7 @@ micro-batch losses, i.e. exactly L, the quantity whose gradient was applied.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -55,7 +55,7 @@ def count_items(batch: Any, label_names: Sequence[str], shift_labels: bool = Fal
     labels, or over a collator-provided ``shift_labels``); float labels count every entry; a batch without
     labels counts its samples.
     """
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         if "shift_labels" in batch and isinstance(batch["shift_labels"], torch.Tensor):
             return batch["shift_labels"].ne(-100).sum()
         for name in label_names:
@@ -74,7 +74,7 @@ def find_batch_size(batch: Any) -> int | None:
     """The first dimension of the first tensor found in a (nested) batch."""
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] if batch.dim() > 0 else None
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         values = batch.values()
     elif isinstance(batch, (list, tuple)):
         values = batch

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -212,7 +212,7 @@ class _EvalRun:
     def _metric_inputs(self, inputs: Any) -> Any:
         """The model's main input (``main_input_name``; without one, the first tensor that is not a label)."""
         trainer = self.trainer
-        if not isinstance(inputs, dict):
+        if not isinstance(inputs, Mapping):
             return trainer._prepare_inputs(inputs)
         name = getattr(model_utils.unwrap(trainer.model), "main_input_name", None)
         if name not in inputs:

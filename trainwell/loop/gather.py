@@ -18,7 +18,7 @@ Owns three things:
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,7 +54,7 @@ def nested_detach(data: Any) -> Any:
         return data.detach()
     if isinstance(data, (list, tuple)):
         return type(data)(nested_detach(d) for d in data)
-    if isinstance(data, dict):
+    if isinstance(data, Mapping):
         return {k: nested_detach(v) for k, v in data.items()}
     return data
 
@@ -71,9 +71,34 @@ def to_numpy(data: Any) -> Any:
         return data.cpu().numpy()
     if isinstance(data, (list, tuple)):
         return _rebuild(type(data), [to_numpy(d) for d in data])
-    if isinstance(data, dict):
+    if isinstance(data, Mapping):
         return {k: to_numpy(v) for k, v in data.items()}
     return data
+
+
+nested_numpify = to_numpy  # the reference's name
+
+
+def nested_concat(tensors: Any, new_tensors: Any, padding_index: int = PAD_INDEX) -> Any:
+    """Concatenate two nested structures of tensors or arrays along dim 0, padding later dims with
+    ``padding_index`` (the reference's helper; trainwell's own evaluation accumulates without it)."""
+    if isinstance(tensors, (list, tuple)):
+        return type(tensors)(nested_concat(t, n, padding_index) for t, n in zip(tensors, new_tensors))
+    if isinstance(tensors, Mapping):
+        return type(tensors)({k: nested_concat(v, new_tensors[k], padding_index) for k, v in tensors.items()})
+    if isinstance(tensors, torch.Tensor):
+        joined = pad_and_concatenate([to_numpy(tensors), to_numpy(new_tensors)], padding_index)
+        return torch.from_numpy(joined).to(device=tensors.device, dtype=tensors.dtype)
+    return pad_and_concatenate([tensors, new_tensors], padding_index)
+
+
+def nested_truncate(tensors: Any, limit: int) -> Any:
+    """The first ``limit`` rows of every tensor or array in a nested structure."""
+    if isinstance(tensors, (list, tuple)):
+        return type(tensors)(nested_truncate(t, limit) for t in tensors)
+    if isinstance(tensors, Mapping):
+        return type(tensors)({k: nested_truncate(v, limit) for k, v in tensors.items()})
+    return tensors[:limit]
 
 
 def _rebuild(kind: type, items: list[Any]) -> Any:
@@ -88,10 +113,10 @@ def flatten(data: Any) -> tuple[list[Any], Any]:
 
     The spec holds container types and dict keys only, never the values.
     """
-    if isinstance(data, (list, tuple, dict)):
-        values = list(data.values()) if isinstance(data, dict) else list(data)
+    if isinstance(data, (list, tuple, Mapping)):
+        values = list(data.values()) if isinstance(data, Mapping) else list(data)
         parts = [flatten(v) for v in values]
-        meta = list(data.keys()) if isinstance(data, dict) else type(data)
+        meta = list(data.keys()) if isinstance(data, Mapping) else type(data)
         return [leaf for p in parts for leaf in p[0]], (meta, [p[1] for p in parts])
     return [data], None
 

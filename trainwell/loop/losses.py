@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ import torch
 
 def logits_of(outputs: Any) -> torch.Tensor:
     """The logits of a model output: ``outputs["logits"]``, ``outputs.logits`` or the first element."""
-    if isinstance(outputs, dict):
+    if isinstance(outputs, Mapping):
         return outputs["logits"] if "logits" in outputs else next(iter(outputs.values()))
     if isinstance(outputs, (tuple, list)):
         return outputs[0]
@@ -46,3 +47,17 @@ def label_smoothed_loss(
     nll_loss = nll.sum() / active
     smoothed_loss = smoothed.sum() / (active * log_probs.shape[-1])
     return (1 - epsilon) * nll_loss + epsilon * smoothed_loss
+
+
+class LabelSmoother:
+    """The reference's label-smoothing loss object: ``LabelSmoother(epsilon)(model_output, labels, shift_labels)``.
+
+    Uses :func:`label_smoothed_loss` on the output's logits (``model_output["logits"]`` or its first element).
+    """
+
+    def __init__(self, epsilon: float = 0.1, ignore_index: int = -100) -> None:
+        self.epsilon, self.ignore_index = epsilon, ignore_index
+
+    def __call__(self, model_output: Any, labels: torch.Tensor, shift_labels: bool = False) -> torch.Tensor:
+        return label_smoothed_loss(logits_of(model_output), labels, self.epsilon, shift_labels=shift_labels,
+                                   ignore_index=self.ignore_index)

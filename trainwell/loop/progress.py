@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -87,7 +88,7 @@ class TrainingRun:
 
     def count_tokens(self, inputs: Any) -> None:
         """Add one micro-batch's input tokens (``include_num_input_tokens_seen``) to the pending count."""
-        main = inputs.get(self.main_input) if isinstance(inputs, dict) else None
+        main = inputs.get(self.main_input) if isinstance(inputs, Mapping) else None
         if not isinstance(main, torch.Tensor):
             return
         mask = inputs.get("attention_mask")

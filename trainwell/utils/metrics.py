@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ def speed_metrics(
 
 def to_python(obj: Any) -> Any:
     """Numpy scalars/arrays and tensors to Python numbers and lists, recursively (metrics must be JSON-able)."""
-    if isinstance(obj, dict):
+    if isinstance(obj, Mapping):
         return {k: to_python(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_python(v) for v in obj)
@@ -45,6 +46,20 @@ def to_python(obj: Any) -> Any:
     if hasattr(obj, "detach") and hasattr(obj, "numel"):  # a torch tensor, without importing torch
         return obj.item() if obj.numel() == 1 else obj.detach().cpu().tolist()
     return obj
+
+
+def denumpify_detensorize(metrics: Any) -> Any:
+    """Numpy scalars and one-element tensors to Python numbers, inside lists, tuples and dicts; anything else
+    (arrays included) is returned as it is. The reference's helper for ``compute_metrics`` results."""
+    if isinstance(metrics, (list, tuple)):
+        return type(metrics)(denumpify_detensorize(m) for m in metrics)
+    if isinstance(metrics, dict):
+        return type(metrics)({k: denumpify_detensorize(v) for k, v in metrics.items()})
+    if isinstance(metrics, np.generic):
+        return metrics.item()
+    if hasattr(metrics, "detach") and hasattr(metrics, "numel") and metrics.numel() == 1:  # a torch tensor
+        return metrics.item()
+    return metrics
 
 
 def metrics_format(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -123,7 +124,7 @@ def main_input_name(model: nn.Module) -> str:
 
 def extract_loss(outputs: Any) -> torch.Tensor:
     """The loss from a model output: ``outputs["loss"]``, ``outputs.loss`` or ``outputs[0]``."""
-    if isinstance(outputs, dict):
+    if isinstance(outputs, Mapping):
         if "loss" not in outputs or outputs["loss"] is None:
             raise ValueError(
                 f"The model returned a dict without a 'loss' (keys: {sorted(outputs)}). Pass labels in the batch so "
@@ -156,7 +157,7 @@ def output_items(outputs: Any, ignore_keys: list[str] | tuple[str, ...] = ()) ->
     Dicts and dataclasses keep their values minus ``loss`` and ``ignore_keys`` (``None`` values dropped);
     tuples/lists are taken whole (the caller strips the loss when it was first).
     """
-    if isinstance(outputs, dict):
+    if isinstance(outputs, Mapping):
         return tuple(v for k, v in outputs.items() if k not in ignore_keys and k != "loss" and v is not None)
     if dataclasses.is_dataclass(outputs) and not isinstance(outputs, type):
         values = ((f.name, getattr(outputs, f.name)) for f in dataclasses.fields(outputs))
@@ -180,7 +181,7 @@ def floating_point_ops(model: nn.Module, inputs: dict[str, Any]) -> int:
     counter = getattr(inner, "num_parameters", None)
     if counter is None or not callable(counter):
         return 0
-    main = inputs.get(main_input_name(inner)) if isinstance(inputs, dict) else None
+    main = inputs.get(main_input_name(inner)) if isinstance(inputs, Mapping) else None
     if not isinstance(main, torch.Tensor):
         return 0
     try:

@@ -416,3 +416,20 @@ def collate_token_sequences(
         else:
             batch[i, length - len(row) :] = row
     return batch
+
+
+class DataCollatorMixin:
+    """Base of the reference's collators: ``__call__(features, return_tensors=None)`` dispatches to
+    ``torch_call`` / ``numpy_call`` (``tf_call`` for TensorFlow) by ``return_tensors`` (the call's, else the
+    instance's ``return_tensors`` attribute). Subclass it and define the calls your collator supports."""
+
+    return_tensors: str = "pt"
+
+    def __call__(self, features: list[Any], return_tensors: str | None = None) -> Any:
+        kind = return_tensors if return_tensors is not None else self.return_tensors
+        method = {"pt": "torch_call", "np": "numpy_call", "tf": "tf_call"}.get(kind)
+        if method is None:
+            raise ValueError(f"return_tensors={kind!r}: use 'pt' (torch) or 'np' (numpy).")
+        if not hasattr(self, method):
+            raise NotImplementedError(f"{type(self).__name__} defines no {method} for return_tensors={kind!r}.")
+        return getattr(self, method)(features)
