@@ -287,9 +287,9 @@ def test_periodic_saves_end_with_a_final_checkpoint():
     assert steps_with(decisions, "save") == [4, 8, 10]
 
 
-def test_short_run_without_a_reached_save_step_writes_no_checkpoint():
-    # Deliberate difference: the reference would save checkpoint-10 here, with save_steps=500.
-    assert steps_with(run_steps(make_args(), 10), "save") == []
+def test_the_last_step_is_saved_even_before_save_steps_is_reached():
+    # As the reference: checkpoint-10 with save_steps=500 (scripts rely on checkpoint-{max_steps} existing).
+    assert steps_with(run_steps(make_args(), 10), "save") == [10]
     assert steps_with(run_steps(make_args(save_steps=10), 10), "save") == [10]
 
 

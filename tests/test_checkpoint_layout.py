@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -241,8 +242,9 @@ def test_save_total_limit_keeps_best_and_newest(out_dir, limit, load_best):
     bests = {s: (4 if s >= 4 else 2 if s >= 2 else 1) if load_best else None for s in range(1, 7)}
     assert record == _expected_rotation(limit, bests, 6)
     final = {(False, 1): [6], (False, 2): [5, 6], (False, 3): [4, 5, 6],
-             (True, 1): [4, 6], (True, 2): [4, 6], (True, 3): [4, 5, 6]}[(load_best, limit)]
-    assert _steps(out_dir) == final  # also after training ends: the newest is not deleted there either
+             (True, 1): [4], (True, 2): [4, 6], (True, 3): [4, 5, 6]}[(load_best, limit)]
+    # after training ends, save_total_limit=1 keeps only the best (as the reference); otherwise nothing changes
+    assert _steps(out_dir) == final
     if load_best:
         from safetensors.torch import load_file
 
@@ -424,3 +426,16 @@ def test_resuming_a_finished_run_trains_no_further_step(out_dir, caplog):
     assert all(torch.equal(v, again.model.state_dict()[k]) for k, v in weights.items())
     assert "nothing is left to train" in caplog.text
     assert _steps(out_dir) == [3, 6]
+
+
+def test_a_resume_with_changed_intervals_or_batch_size_names_each_difference(out_dir, caplog):
+    _trainer(out_dir, save_strategy="steps", save_steps=2).train()
+    caplog.set_level(logging.WARNING, logger="trainwell")
+    _trainer(out_dir, save_strategy="steps", save_steps=2).train(
+        resume_from_checkpoint=str(Path(out_dir) / "checkpoint-2"))
+    assert "differ from its run" not in caplog.text
+    _trainer(out_dir, save_strategy="steps", save_steps=3, logging_steps=2, per_device_train_batch_size=2).train(
+        resume_from_checkpoint=str(Path(out_dir) / "checkpoint-2"))
+    message = next(r.getMessage() for r in caplog.records if "differ from its run" in r.getMessage())
+    assert "save_steps: 2 -> 3" in message and "logging_steps: 500 -> 2" in message
+    assert "per_device_train_batch_size: 4 -> 2" in message

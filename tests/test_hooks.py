@@ -24,6 +24,7 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
     "set_initial_training_values": (TRAIN, RESUME),
     "num_examples": (TRAIN,),
     "get_total_train_batch_size": (TRAIN,),
+    "get_num_trainable_parameters": (TRAIN,),
     "call_model_init": (TRAIN, RESUME),
     "create_optimizer": (TRAIN, RESUME),
     "create_scheduler": (TRAIN, RESUME),

@@ -129,9 +129,12 @@ def test_build_param_groups_splits_trainable_params():
     assert len(decayed) + len(others) == sum(p.requires_grad for p in model.parameters())
 
 
-def test_build_param_groups_drops_empty_groups():
+def test_build_param_groups_keeps_the_references_two_groups():
+    """Always [decay, no decay], even empty or with weight_decay=0: an optimizer.pt loads into either Trainer."""
     groups = build_param_groups(nn.Linear(2, 2, bias=False), 0.5)
-    assert len(groups) == 1 and groups[0]["weight_decay"] == 0.5
+    assert [g["weight_decay"] for g in groups] == [0.5, 0.0] and [len(g["params"]) for g in groups] == [1, 0]
+    groups = build_param_groups(nn.Linear(2, 2), 0.0)
+    assert [g["weight_decay"] for g in groups] == [0.0, 0.0] and [len(g["params"]) for g in groups] == [1, 1]
     assert build_param_groups(nn.Linear(2, 2).requires_grad_(False), 0.5) == []
 
 

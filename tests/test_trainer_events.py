@@ -168,12 +168,14 @@ def test_log_does_not_mutate_callers_dict(out_dir):
     assert "epoch" in trainer.evaluate(RegressionDataset(length=8))
 
 
-def test_default_flow_does_not_save_when_save_steps_never_reached(out_dir):
+def test_default_flow_saves_the_last_step(out_dir):
     import os
+    import shutil
 
-    _, rec = run(out_dir, save_strategy="steps")  # save_steps=500 > 24 steps
-    assert rec.counts()["on_save"] == 0
-    assert not any(n.startswith("checkpoint-") for n in os.listdir(out_dir))
+    _, rec = run(out_dir, save_strategy="steps")  # save_steps=500 > 24 steps: the reference saves step 24 anyway
+    assert rec.counts()["on_save"] == 1
+    assert sorted(n for n in os.listdir(out_dir) if n.startswith("checkpoint-")) == ["checkpoint-24"]
+    shutil.rmtree(out_dir)
     _, rec = run(out_dir, save_strategy="steps", save_steps=10)
     assert rec.counts()["on_save"] == 3  # steps 10, 20, and the last (24): periodic runs end with a checkpoint
     assert sorted(os.listdir(out_dir)) == ["checkpoint-10", "checkpoint-20", "checkpoint-24"]

@@ -123,3 +123,22 @@ def test_save_model_writes_safetensors_and_args(out_dir):
     assert os.path.isfile(os.path.join(out_dir, "trainer_state.json"))
     trainer.save_metrics("eval", {"eval_loss": 1.0})
     assert json.load(open(os.path.join(out_dir, "all_results.json"))) == {"eval_loss": 1.0}
+
+
+def test_overrides_with_the_older_signatures_without_num_items_in_batch(tmp_path):
+    """The reference's documented compute_loss example (no num_items_in_batch) and a training_step(model, inputs)
+    override both work: the keyword reaches only the methods that take it."""
+    calls = []
+
+    class Old(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False):
+            calls.append("compute_loss")
+            return super().compute_loss(model, inputs, return_outputs=return_outputs)
+
+        def training_step(self, model, inputs):
+            calls.append("training_step")
+            return super().training_step(model, inputs)
+
+    args = make_args(str(tmp_path), max_steps=2, gradient_accumulation_steps=2, per_device_train_batch_size=4)
+    Old(model=RegressionModel(), args=args, train_dataset=RegressionDataset()).train()
+    assert calls.count("training_step") == 4 and calls.count("compute_loss") == 4

@@ -52,8 +52,9 @@ def tiny_llama():
 
 
 def run(trainer_cls, args_cls, out_dir, model_fn=tiny_gpt2, **kwargs):
+    kwargs = {"save_strategy": "no", **kwargs}
     args = args_cls(output_dir=out_dir, report_to="none", disable_tqdm=True, use_cpu=True, learning_rate=1e-2,
-                    per_device_train_batch_size=4, logging_steps=1, save_strategy="no", **kwargs)
+                    per_device_train_batch_size=4, logging_steps=1, **kwargs)
     trainer = trainer_cls(model=model_fn(), args=args, train_dataset=Tokens(), eval_dataset=Tokens(n=8, seed=1))
     result = trainer.train()
     metrics = trainer.evaluate()
@@ -104,4 +105,25 @@ def test_same_losses_as_the_reference_trainer(tmp_path, ga):
     assert our_result.training_loss == pytest.approx(ref_result.training_loss, rel=1e-4)
     assert our_metrics["eval_loss"] == pytest.approx(ref_metrics["eval_loss"], rel=1e-4)
     for a, b in zip(ours.model.parameters(), ref.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("writer", ["trainwell", "reference"])
+def test_a_checkpoint_of_either_trainer_resumes_on_the_other(tmp_path, writer):
+    """weight_decay=0 (the default): both Trainers keep the two parameter groups, so optimizer.pt loads across."""
+    impls = {"trainwell": (Trainer, TrainingArguments), "reference": (transformers.Trainer,
+                                                                     transformers.TrainingArguments)}
+    reader = "reference" if writer == "trainwell" else "trainwell"
+    full, _, _ = run(*impls[reader], str(tmp_path / "full"), model_fn=tiny_llama, max_steps=6)
+    first, _, _ = run(*impls[writer], str(tmp_path / "first"), model_fn=tiny_llama, max_steps=6,
+                      save_strategy="steps", save_steps=3)
+    trainer_cls, args_cls = impls[reader]
+    args = args_cls(output_dir=str(tmp_path / "second"), report_to="none", disable_tqdm=True, use_cpu=True,
+                    learning_rate=1e-2, per_device_train_batch_size=4, logging_steps=1, save_strategy="no",
+                    max_steps=6)
+    second = trainer_cls(model=tiny_llama(), args=args, train_dataset=Tokens())
+    second.train(resume_from_checkpoint=str(tmp_path / "first" / "checkpoint-3"))
+    assert second.state.global_step == 6
+    assert len(second.optimizer.param_groups) == 2
+    for a, b in zip(second.model.parameters(), full.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

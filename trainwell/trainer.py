@@ -280,7 +280,10 @@ class Trainer:
             self.optimizer.train()  # schedule-free optimizers keep separate train/eval weights
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
-            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+            if model_utils.accepts_keyword(self.compute_loss, "num_items_in_batch"):
+                loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+            else:  # an override written to the reference's older documented signature
+                loss = self.compute_loss(model, inputs)
         if self.micro_batch_loss_scale is not None:
             loss = loss * self.micro_batch_loss_scale
         self.precision.backward(loss)

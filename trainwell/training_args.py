@@ -419,8 +419,8 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
 
         ``"passive"`` resolves to the library's verbosity, as in the reference: the ``trainwell`` logger's effective
         level (``trainwell.utils.logging.set_verbosity_info()``), or ``transformers``' verbosity when the script
-        imported it and set it lower (an example script that switched only its Trainer imports still calls
-        ``transformers.utils.logging.set_verbosity_info()`` and expects INFO here).
+        imported it and asked it for more than warnings (an example script that switched only its Trainer imports
+        still calls ``transformers.utils.logging.set_verbosity_info()`` and expects INFO here).
         """
         level = LOG_LEVELS[self.log_level if self.should_log else self.log_level_replica]
         if level != -1:
@@ -428,7 +428,9 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
         level = logging.getLogger("trainwell").getEffectiveLevel()
         reference = sys.modules.get("transformers.utils.logging")
         if reference is not None and hasattr(reference, "get_verbosity"):
-            level = min(level, reference.get_verbosity())
+            asked = reference.get_verbosity()
+            if asked < min(level, logging.WARNING):
+                level = asked
         return level
 
     @contextlib.contextmanager

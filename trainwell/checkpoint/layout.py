@@ -88,6 +88,17 @@ def rotate_checkpoints(
     return doomed
 
 
+def keep_only_best(output_dir: str | os.PathLike, best: str | os.PathLike) -> list[Path]:
+    """End of training with ``save_total_limit=1``: delete every checkpoint but the best, as the reference does
+    (during training the newest one was kept beside it so that a resume stays possible)."""
+    best_path = Path(best).resolve()
+    doomed = [c for c in list_checkpoints(output_dir) if c.resolve() != best_path]
+    for path in doomed:
+        logger.info("Deleting checkpoint %s: save_total_limit=1 keeps only the best one", path)
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
 def clean_temporary(output_dir: str | os.PathLike) -> None:
     """Remove temporary folders left by a save that was interrupted."""
     root = Path(output_dir)

@@ -93,6 +93,7 @@ class Resume:
         if best is not None and not os.path.isdir(best):
             logger.warning("The best checkpoint %s recorded in the resumed state no longer exists.", best)
             state.best_model_checkpoint = None
+        warn_changed_arguments(self.path, state, args, plan.max_steps)
         self.epoch, windows = state.global_step // updates_per_epoch, state.global_step % updates_per_epoch
         if not sized:
             self.epoch, windows = unsized_position(state, args)
@@ -111,6 +112,22 @@ class Resume:
     def restore_data(self, hooks: TrainerHooks, position: Any) -> bool:
         """Set a stateful dataset to its saved position; False when the batches must be replayed instead."""
         return load_data_position(hooks, self.path, position)
+
+
+def warn_changed_arguments(path: str, saved: TrainerState, args: Any, max_steps: int) -> None:
+    """Warn, naming each one, about the step intervals and batch size that differ from the checkpoint's run.
+
+    This run's values apply (as in the reference, whose warning says the opposite but whose loop does this).
+    """
+    current = TrainerState()
+    current.compute_steps(args, max_steps)
+    pairs = {f"{kind}_steps": (getattr(saved, f"{kind}_steps"), getattr(current, f"{kind}_steps"))
+             for kind in ("logging", "eval", "save")}
+    pairs["per_device_train_batch_size"] = (saved.train_batch_size, args.per_device_train_batch_size)
+    changed = [f"{name}: {old} -> {new}" for name, (old, new) in pairs.items() if old is not None and old != new]
+    if changed:
+        logger.warning("Resuming from %s with arguments that differ from its run (this run's apply): %s.",
+                       path, "; ".join(changed))
 
 
 def checkpoint_global_batch(path: str, state: TrainerState) -> int | None:

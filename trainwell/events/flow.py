@@ -25,18 +25,13 @@ class DefaultFlowCallback(TrainerCallback):
     * save every ``state.save_steps`` steps with the ``"steps"`` save strategy;
     * at ``step >= state.max_steps``: stop training; with the ``"steps"`` eval strategy also evaluate
       (subject to ``eval_delay``), so the final model is always evaluated; with the ``"steps"`` save
-      strategy also save, if the run reached ``save_steps`` at least once (see below).
+      strategy also save (``checkpoint-{max_steps}``, as in the reference).
 
     After each epoch (``on_epoch_end``): log, evaluate (once ``args.eval_delay <= state.epoch``) and save
     for the ``"epoch"`` strategies.
 
     Differences from the reference, on purpose:
 
-    * Final save. The reference saves ``checkpoint-{max_steps}`` at the end of every run with the
-      ``"steps"`` save strategy, even when ``save_steps`` (500 by default) was never reached, so every
-      short run writes a full checkpoint with optimizer state nobody asked for. Here the final step saves
-      only when ``state.save_steps <= state.max_steps``: a run that checkpoints periodically still ends
-      with a resumable checkpoint of its last step, and a run never asked to checkpoint writes none.
     * ``logging_strategy="no"`` never logs, as documented: ``logging_first_step`` does not override it
       (the reference logs step 1 anyway).
     """
@@ -64,7 +59,7 @@ class DefaultFlowCallback(TrainerCallback):
             control.should_training_stop = True
             if eval_strategy == IntervalStrategy.STEPS and eval_ready:
                 control.should_evaluate = True
-            if save_strategy == SaveStrategy.STEPS and 0 < state.save_steps <= state.max_steps:
+            if save_strategy == SaveStrategy.STEPS:  # the last step is saved, as in the reference
                 control.should_save = True
         return control
 

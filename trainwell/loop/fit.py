@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from trainwell.checkpoint.contents import Phase
-from trainwell.checkpoint.layout import clean_temporary
+from trainwell.checkpoint.layout import clean_temporary, keep_only_best
 from trainwell.data.train_loader import TrainFeed
 from trainwell.loop.boundary import gather_loss_sum
 from trainwell.loop.epochs import EpochIterator
@@ -36,6 +36,22 @@ if TYPE_CHECKING:
     from trainwell.hooks import TrainerHooks
 
 logger = logging.getLogger(__name__)
+
+
+def _announce(hooks: TrainerHooks, plan: StepPlan, resume: Resume | None) -> None:
+    """The summary users know from the reference's log, at INFO on the main process."""
+    args = hooks.args
+    epochs = plan.num_train_epochs if plan.sized else "unknown (max_steps)"
+    logger.info(
+        "***** Running training *****\n  Num examples = %s\n  Num Epochs = %s\n  Instantaneous batch size per "
+        "device = %d\n  Total train batch size (w. parallel, distributed & accumulation) = %d\n  Gradient "
+        "Accumulation steps = %d\n  Total optimization steps = %d\n  Number of trainable parameters = %s",
+        f"{plan.num_examples:,}", epochs, args.per_device_train_batch_size, plan.total_train_batch_size,
+        args.gradient_accumulation_steps, plan.max_steps, f"{hooks.get_num_trainable_parameters():,}",
+    )  # fmt: skip
+    if resume is not None:
+        logger.info("  Continuing training from checkpoint %s, at step %d (epoch %d)", resume.path,
+                    hooks.state.global_step, resume.epoch)
 
 
 class FitLoop:
@@ -58,6 +74,8 @@ class FitLoop:
         self.timing_compile = hooks.runtime.compile_backend is not None  # the first step compiles: say how long
         self.model, self.run = model, run
         hooks.model.zero_grad(set_to_none=True)  # the module itself: an engine's zero_grad takes no arguments
+        if hooks.runtime.is_main_process:
+            _announce(hooks, plan, resume)
         self._fire("on_train_begin")
         self.step.listen()
         if args.eval_on_start:
@@ -176,8 +194,10 @@ class FitLoop:
             metrics["num_input_tokens_seen"] = state.num_input_tokens_seen
         if state.epoch is not None:
             metrics["epoch"] = state.epoch  # the reference's TrainOutput.metrics carries it too
-        hooks.log(metrics)
         if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
             hooks._load_best_model()
+        hooks.log(metrics)
+        if self.args.should_save and self.args.save_total_limit == 1 and state.best_model_checkpoint is not None:
+            keep_only_best(hooks._get_output_dir(self.trial), state.best_model_checkpoint)
         self._fire("on_train_end")
         return TrainOutput(state.global_step, train_loss, metrics)

@@ -28,6 +28,7 @@ import torch
 
 from trainwell.loop.accumulation import count_items, loss_factors
 from trainwell.optim.schedulers import steps_on_metrics
+from trainwell.utils.model import accepts_keyword
 
 if TYPE_CHECKING:
     from trainwell.hooks import TrainerHooks
@@ -61,6 +62,8 @@ class OptimizerStep:
         self.max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
         #: DeepSpeed zeroes the gradients itself; elsewhere the loop drops them after the step
         self.drops_grads = not runtime.uses_deepspeed
+        #: an override of training_step written to the reference's older (model, inputs) signature
+        self.step_takes_items = accepts_keyword(hooks.training_step, "num_items_in_batch")
         # The default floating_point_ops adds 0 for a model that reports no size: skip calling it then.
         default_flops = getattr(type(hooks).floating_point_ops, "is_trainwell_default", False)
         self.counts_flops = not default_flops or hooks.model_info.counts_flops
@@ -91,7 +94,10 @@ class OptimizerStep:
         for i, inputs in enumerate(batches):
             hooks.micro_batch_loss_scale = factors[i] if factors is not None else None
             with self.runtime.micro_batch(self.model, i == last):
-                loss = hooks.training_step(self.model, inputs, num_items)
+                if self.step_takes_items:
+                    loss = hooks.training_step(self.model, inputs, num_items)
+                else:
+                    loss = hooks.training_step(self.model, inputs)
             losses.add(loss, state.global_step - losses.last_logged_step)
             if self.counts_flops:
                 hooks.current_flos += hooks.floating_point_ops(inputs)

@@ -70,23 +70,19 @@ def build_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, 
 
     Group 0 holds the trainable parameters in :func:`get_decay_parameter_names` with ``weight_decay``; group 1
     holds the other trainable parameters with ``weight_decay=0.0``. Only ``requires_grad`` parameters are
-    included, in ``named_parameters()`` order; a group with no parameters is dropped, so the result has 0, 1
-    or 2 groups. With ``weight_decay == 0`` every trainable parameter goes in one group. When parameters live
-    on different DTensor device meshes, each group is further split by mesh (fused and foreach kernels cannot
-    span meshes).
+    included, in ``named_parameters()`` order. Both groups are always there, even empty or with
+    ``weight_decay=0``: that is the reference's layout, so an ``optimizer.pt`` written by either Trainer loads
+    into the other. When parameters live on different DTensor device meshes, each group is further split by
+    mesh (fused and foreach kernels cannot span meshes).
     """
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if not weight_decay:
-        # Without weight decay the two groups would be identical: one group is the same optimization with one
-        # kernel launch per step instead of two (the reference keeps two; loading its optimizer.pt merges them).
-        groups = [{"params": [p for _, p in trainable], "weight_decay": 0.0}] if trainable else []
-        return _split_by_device_mesh(groups)
+    if not trainable:
+        return []  # nothing to optimize: the optimizer's own "empty parameter list" error says so
     decay = set(get_decay_parameter_names(model))
     groups = [
         {"params": [p for n, p in trainable if n in decay], "weight_decay": weight_decay},
         {"params": [p for n, p in trainable if n not in decay], "weight_decay": 0.0},
     ]
-    groups = [g for g in groups if g["params"]]
     return _split_by_device_mesh(groups)
 
 

@@ -9,6 +9,7 @@ estimate. ``transformers`` models are recognised by duck typing (class names in 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -188,3 +189,21 @@ def floating_point_ops(model: nn.Module, inputs: dict[str, Any]) -> int:
         return 6 * main.numel() * counter(exclude_embeddings=True)
     except TypeError:
         return 6 * main.numel() * counter()
+
+
+def accepts_keyword(method: Any, name: str) -> bool:
+    """Whether ``method`` (a bound method or function) takes the keyword ``name`` (``**kwargs`` counts).
+
+    User overrides of ``compute_loss`` / ``training_step`` written before the reference added
+    ``num_items_in_batch`` do not take it: the Trainer passes it only to those that do. Cached per function.
+    """
+    return _accepts(getattr(method, "__func__", method), name)
+
+
+@functools.lru_cache(maxsize=256)
+def _accepts(function: Any, name: str) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C function: assume the modern signature
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
