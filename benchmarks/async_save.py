@@ -22,20 +22,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import warnings
 
 import torch
 from torch.utils.data._utils.collate import default_collate
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from resume import Big, Vectors  # noqa: E402  (the same model and data as the resume benchmark)
+from resume import Big, Vectors, _impl  # noqa: E402  (the resume benchmark's model, data and imports)
 
 BATCH = 8
 CONFIGS = {  # name -> (implementation, save_async, saves)
@@ -47,15 +45,7 @@ CONFIGS = {  # name -> (implementation, save_async, saves)
 
 
 def _classes(impl: str):
-    if impl == "trainwell":
-        from trainwell import Trainer, TrainingArguments
-    else:
-        import transformers
-        from transformers import Trainer, TrainingArguments
-
-        transformers.logging.set_verbosity_error()
-    logging.getLogger("trainwell").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
+    Trainer, TrainingArguments, _ = _impl(impl)  # quiet logging, as in the resume benchmark
 
     class TimedSaves(Trainer):
         """Records the time of every ``_save_checkpoint`` call: the loop's blocking time per save."""

@@ -152,3 +152,16 @@ def test_tracker_availability_matches_the_registry():
 
     assert is_tensorboard_available() == TRACKERS["tensorboard"].installed()
     assert is_deepspeed_zero3_enabled() is False
+
+
+def test_the_references_public_trainer_attributes(tmp_path):
+    from tests.common.models import RegressionDataset, RegressionModel
+    from tests.conftest import make_args
+    from trainwell import Trainer
+
+    trainer = Trainer(model=RegressionModel(), args=make_args(str(tmp_path)), train_dataset=RegressionDataset())
+    assert trainer.is_deepspeed_enabled is False and trainer.is_fsdp_enabled is False
+    assert trainer.place_model_on_device is True and trainer.is_model_parallel is False
+    assert trainer.deepspeed is None and trainer.hp_name is None and trainer.hub_model_id is None
+    assert trainer.neftune_noise_alpha is None and trainer.get_tp_size() == 1
+    assert trainer.gather_function(torch.ones(2)).tolist() == [1.0, 1.0]

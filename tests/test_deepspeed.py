@@ -74,6 +74,7 @@ def test_zero_trains_like_ddp_and_saves_full_weights(runs, stage):
     result = _zero2(runs) if stage == 2 else _zero3(runs)
     ddp = runs("ddp", "--plain")
     assert result["deepspeed"] and result["engine"] == "DeepSpeedEngine" and not ddp["deepspeed"]
+    assert result["deepspeed_attribute"]  # trainer.deepspeed is the engine, is_deepspeed_enabled is set
     # "final" holds the weights save_model() gathered: compared with DDP's, they are the full model
     assert _max_diff(result, ddp) < TOL and result["losses"] == pytest.approx(ddp["losses"], abs=TOL)
 

@@ -79,6 +79,7 @@ def _two_ranks(runs):
 def test_two_rank_fsdp_shards_and_trains_like_ddp_and_like_one_rank_with_twice_the_batch(runs):
     fsdp = _two_ranks(runs)
     assert fsdp["world"] == 2 and fsdp["shards_model"] and fsdp["sharded_params"]  # DTensor parameters
+    assert fsdp["is_fsdp_enabled"]  # the reference's attribute, read by library subclasses
     ddp = runs("ddp2", 2)
     assert not ddp["shards_model"] and not ddp["sharded_params"]
     assert _max_diff(fsdp, ddp) < TOL and fsdp["losses"] == pytest.approx(ddp["losses"], abs=TOL)

@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "get_wsd_schedule": "trainwell.optim.schedulers",
     "Adafactor": "trainwell.optim.adafactor",
     "AdafactorSchedule": "trainwell.optim.adafactor",
+    "GreedyLR": "trainwell.optim.greedy",
     # data
     "default_data_collator": "trainwell.data.collators",
     "DefaultDataCollator": "trainwell.data.collators",

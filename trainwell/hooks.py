@@ -97,6 +97,7 @@ class TrainerHooks(Protocol):
     callback_handler: CallbackHandler
     model: nn.Module
     model_wrapped: nn.Module
+    deepspeed: Any  #: the DeepSpeed engine once prepared (None otherwise), as the reference
     optimizer: Any
     lr_scheduler: Any
     train_dataset: Any

@@ -123,6 +123,12 @@ class Trainer:
         self.current_gradient_accumulation_steps = 1
         self.micro_batch_loss_scale: torch.Tensor | float | None = None
         self.training_run = None
+        # the reference's public attributes that library subclasses read (TRL, sentence-transformers, ...)
+        self.is_deepspeed_enabled, self.is_fsdp_enabled = self.runtime.uses_deepspeed, self.runtime.shards_model
+        self.place_model_on_device = not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
+        self.is_model_parallel, self.deepspeed, self.hp_name = False, None, None
+        self.hub_model_id, self.neftune_noise_alpha = args.hub_model_id, args.neftune_noise_alpha
+        self.gather_function = self.accelerator.gather_for_metrics
         self.control = self.callback_handler.on_init_end(args, self.state, TrainerControl())
         config = getattr(self.model, "config", None)
         if config is not None and hasattr(config, "use_cache"):
@@ -507,6 +513,10 @@ class Trainer:
     def end(self) -> None:
         """Release the runtime (trackers, process group)."""
         self.runtime.end()
+
+    def get_tp_size(self) -> int:
+        """Tensor-parallel degree: trainwell does not shard tensors (FSDP2 and ZeRO shard parameters), so 1."""
+        return 1
 
     def create_model_card(
         self, language: str | None = None, license: str | None = None, tags: str | list[str] | None = None,

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
+from trainwell import _EXPORTS as TOP_LEVEL  # the owners of the top-level names
 from trainwell.utils.lazy import lazy_exports
 
-_EXPORTS: dict[str, str] = {
-    **dict.fromkeys(["TrainerState", "TrainerControl", "ExportableState"], "trainwell.state"),
-    "TrainerCallback": "trainwell.events.callback",
-    "CallbackHandler": "trainwell.events.handler",
-    "DefaultFlowCallback": "trainwell.events.flow",
-    "ProgressCallback": "trainwell.events.progress",
-    "PrinterCallback": "trainwell.events.progress",
-    "EarlyStoppingCallback": "trainwell.events.early_stopping",
-    "IntervalStrategy": "trainwell.outputs",
-    "SaveStrategy": "trainwell.outputs",
-    "TrainingArguments": "trainwell.training_args",
-    "has_length": "trainwell.data.loaders",
-}
+_NAMES = ("TrainerState", "TrainerControl", "ExportableState", "TrainerCallback", "CallbackHandler",
+          "DefaultFlowCallback", "ProgressCallback", "PrinterCallback", "EarlyStoppingCallback", "IntervalStrategy",
+          "SaveStrategy", "TrainingArguments")
+_EXPORTS: dict[str, str] = {**{name: TOP_LEVEL[name] for name in _NAMES}, "has_length": "trainwell.data.loaders"}
 
 __all__ = sorted(_EXPORTS)
 

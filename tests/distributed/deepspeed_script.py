@@ -100,6 +100,7 @@ def main() -> None:
                 "world": trainer.runtime.num_processes,
                 "deepspeed": trainer.runtime.uses_deepspeed,
                 "engine": type(trainer.model_wrapped).__name__,
+                "deepspeed_attribute": trainer.deepspeed is trainer.model_wrapped and trainer.is_deepspeed_enabled,
                 "precision": trainer.runtime.mixed_precision,
                 "best_step": trainer.state.best_global_step,
                 "last_step": trainer.state.global_step,

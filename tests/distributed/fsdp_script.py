@@ -153,6 +153,7 @@ def main() -> None:
                 "world": trainer.runtime.num_processes,
                 "shards_model": trainer.runtime.shards_model,
                 "sharded_params": sharded,
+                "is_fsdp_enabled": trainer.is_fsdp_enabled,
                 "compiled": hasattr(trainer.model_wrapped, "_orig_mod"),
                 "best_step": trainer.state.best_global_step,
                 "last_step": trainer.state.global_step,

@@ -133,6 +133,8 @@ class FitLoop:
             hooks.model, hooks.optimizer, hooks.lr_scheduler, plan.max_steps
         )
         hooks.model_wrapped = model
+        if runtime.uses_deepspeed:
+            hooks.deepspeed = model  # the reference's attribute: the DeepSpeed engine
         if self.resume is not None:
             self.resume.restore(hooks, Phase.OPTIMIZER)
         handler = hooks.callback_handler

@@ -42,12 +42,13 @@ def enable_full_determinism(seed: int, warn_only: bool = False) -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def seed_worker(worker_id: int, rank: int = 0) -> None:
+def seed_worker(worker_id: int, num_workers: int | None = None, rank: int = 0) -> None:
     """``worker_init_fn`` for data-loader workers: each worker of each rank gets its own, reproducible seed.
 
     torch gives each worker ``base_seed + worker_id`` for its own RNG, but ``base_seed`` comes from an RNG
     seeded identically on every rank, and python's and numpy's RNGs are forked identical into every worker.
-    Mix the rank in and seed all three from the result. Bind ``rank`` with ``functools.partial``.
+    Mix the rank in and seed all three from the result. Bind ``rank`` with ``functools.partial``
+    (``num_workers`` is accepted for the reference's signature and not needed).
     """
     worker_seed = (torch.initial_seed() + rank * 1_000_003) % 2**32
     torch.manual_seed(worker_seed)
