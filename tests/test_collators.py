@@ -110,16 +110,46 @@ def test_default_collator_reads_objects_with_vars():
     assert batch["input_ids"].tolist() == [[1, 2], [3, 4]] and batch["labels"].tolist() == [0, 1]
 
 
-@pytest.mark.parametrize("return_tensors", ["np", "tf"])
-def test_only_torch_tensors_are_supported(return_tensors):
-    with pytest.raises(ValueError, match="return_tensors=.*torch tensors"):
-        default_data_collator([{"x": [1]}], return_tensors=return_tensors)
+def test_tensorflow_is_refused_by_name():
+    with pytest.raises(ValueError, match="return_tensors='tf' is not supported.*'np'"):
+        default_data_collator([{"x": [1]}], return_tensors="tf")
     with pytest.raises(ValueError, match="return_tensors"):
-        DefaultDataCollator(return_tensors=return_tensors)
+        DefaultDataCollator(return_tensors="tf")
     with pytest.raises(ValueError, match="return_tensors"):
-        DataCollatorWithPadding(make_tokenizer(), return_tensors=return_tensors)
+        DataCollatorWithPadding(make_tokenizer(), return_tensors="tf")
     with pytest.raises(ValueError, match="return_tensors"):
-        DataCollatorForSeq2Seq(make_tokenizer())(encode(), return_tensors=return_tensors)
+        DataCollatorForSeq2Seq(make_tokenizer())(encode(), return_tensors="tf")
+
+
+def _labelled(features, key="labels"):
+    return [{**f, key: list(f["input_ids"])} for f in features]
+
+
+NUMPY_CASES = {  # name -> (collator for a return_tensors value, features)
+    "default": (lambda rt: DefaultDataCollator(return_tensors=rt),
+                [{"x": [1, 2], "label": 0}, {"x": [3, 4], "label": 1}]),
+    "padding": (lambda rt: DataCollatorWithPadding(make_tokenizer(), return_tensors=rt), encode()),
+    "seq2seq": (lambda rt: DataCollatorForSeq2Seq(make_tokenizer(), return_tensors=rt), _labelled(encode())),
+    "token_classification": (lambda rt: DataCollatorForTokenClassification(make_tokenizer(), return_tensors=rt),
+                             _labelled(encode())),
+    "language_modeling": (lambda rt: DataCollatorForLanguageModeling(make_tokenizer(), mlm=False, return_tensors=rt),
+                          encode()),
+    "flattening": (lambda rt: DataCollatorWithFlattening(return_tensors=rt), _labelled(encode())),
+}
+
+
+@pytest.mark.parametrize("name", list(NUMPY_CASES))
+def test_return_tensors_np_gives_the_same_values_as_numpy_arrays(name):
+    make, features = NUMPY_CASES[name]
+    torch_batch = make("pt")(features)
+    for numpy_batch in (make("np")(features), make("pt")(features, return_tensors="np")
+                        if name != "padding" else make("np")(features)):
+        assert numpy_batch.keys() == torch_batch.keys()
+        for key, value in torch_batch.items():
+            if isinstance(value, torch.Tensor):
+                assert isinstance(numpy_batch[key], np.ndarray), key
+                np.testing.assert_array_equal(numpy_batch[key], value.numpy())
+                assert numpy_batch[key].dtype == value.numpy().dtype
 
 
 def test_default_collator_errors_name_the_problem():
@@ -553,7 +583,7 @@ def test_flattening_options():
     assert "position_ids" not in DataCollatorWithFlattening(return_position_ids=False)(features)
     assert collator(features, separator_id=-7)["labels"][0, 0] == -7
     with pytest.raises(ValueError, match="return_tensors"):
-        DataCollatorWithFlattening(return_tensors="np")
+        DataCollatorWithFlattening(return_tensors="tf")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -568,3 +598,18 @@ def test_collators_never_import_transformers():
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
             assert not any(n == "transformers" or n.startswith("transformers.") for n in names), path
+
+
+@pytest.mark.parametrize("name", list(NUMPY_CASES))
+def test_collators_never_mutate_the_features_they_are_given(name):
+    import copy
+
+    make, features = NUMPY_CASES[name]
+    before = copy.deepcopy(features)
+    make("pt")(features)
+    assert features == before
+    mlm = DataCollatorForLanguageModeling(make_tokenizer(), mlm=True, mlm_probability=0.5)
+    tensors = [torch.tensor(f["input_ids"]) for f in encode()]
+    kept = [t.clone() for t in tensors]
+    mlm([{"input_ids": t} for t in tensors])
+    assert all(torch.equal(a, b) for a, b in zip(tensors, kept))  # masking works on the batch, not the inputs

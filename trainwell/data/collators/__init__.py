@@ -2,7 +2,8 @@
 
 Same names, fields and behaviour as the Hugging Face collators, without needing ``transformers``: every
 padding collator takes any tokenizer-like object with ``pad_token_id`` (its ``pad()`` is used when it has
-one; trainwell pads itself otherwise). Only ``return_tensors="pt"`` is supported.
+one; trainwell pads itself otherwise). ``return_tensors`` is ``"pt"`` (torch) or ``"np"`` (numpy arrays of the
+same values).
 
 Modules: ``base`` (default collator and shared padding helpers), ``padding``, ``language_modeling``,
 ``seq2seq``, ``token_classification``, ``multiple_choice``, ``flattening``.

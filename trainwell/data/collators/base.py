@@ -34,12 +34,24 @@ _LABEL_KEYS = ("label", "label_ids", "labels")
 
 
 def check_return_tensors(return_tensors: Any) -> None:
-    """Raise ``ValueError`` unless ``return_tensors`` is ``"pt"``: trainwell collators build torch tensors only."""
-    if return_tensors != "pt":
+    """Raise ``ValueError`` unless ``return_tensors`` is ``"pt"`` (torch) or ``"np"`` (numpy)."""
+    if return_tensors not in ("pt", "np"):
         raise ValueError(
-            f"return_tensors={return_tensors!r} is not supported: trainwell collators return torch tensors only. "
-            "Pass return_tensors='pt' (the default) and call .numpy() on the outputs if you need arrays."
+            f"return_tensors={return_tensors!r} is not supported: trainwell collators return torch tensors ('pt', "
+            "the default) or numpy arrays ('np'); TensorFlow ('tf') is not offered."
         )
+
+
+def as_requested(batch: dict[str, Any], return_tensors: str | None) -> dict[str, Any]:
+    """``batch`` (built with torch) as the caller asked: unchanged for ``"pt"``, numpy arrays for ``"np"``.
+
+    Collators compute in torch (one implementation, one RNG for masking) and convert at the end; the arrays
+    have the tensors' dtypes (``int64`` ids and labels, ``float32`` floats).
+    """
+    check_return_tensors(return_tensors)
+    if return_tensors == "np":
+        return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return batch
 
 
 def normalize_padding(padding: Any) -> str:
@@ -217,9 +229,10 @@ def default_data_collator(features: Sequence[Any], return_tensors: str | None = 
       its dtype.
     * Every other key is stacked: tensors with ``torch.stack``, numpy arrays through ``numpy.stack``,
       lists and numbers with ``torch.tensor``. Keys whose first value is a ``str`` or ``None`` are dropped.
-    * Only ``return_tensors="pt"`` is supported; anything else raises ``ValueError``.
+    * ``return_tensors="np"`` gives numpy arrays of the same values (see :func:`as_requested`).
     """
-    check_return_tensors("pt" if return_tensors is None else return_tensors)
+    kind = "pt" if return_tensors is None else return_tensors
+    check_return_tensors(kind)
     rows = as_mappings(features)
     first = rows[0]
     batch: dict[str, torch.Tensor] = {}
@@ -230,14 +243,14 @@ def default_data_collator(features: Sequence[Any], return_tensors: str | None = 
         if key in ("label", "label_ids") or value is None or isinstance(value, str):
             continue
         batch[key] = to_tensor([row[key] for row in rows], key)
-    return batch
+    return as_requested(batch, kind)
 
 
 @dataclass
 class DefaultDataCollator:
     """Object form of :func:`default_data_collator`, for APIs that want a collator instance.
 
-    ``return_tensors`` must be ``"pt"`` (checked at construction and on every call).
+    ``return_tensors`` is ``"pt"`` or ``"np"`` (checked at construction and on every call).
     """
 
     return_tensors: str = "pt"
@@ -373,21 +386,21 @@ class PaddingCollatorMixin:
         normalize_padding(self.padding)  # a bad value fails here, not in the first training step
 
     def _return_tensors(self, requested: str | None) -> str:
-        """A call's ``return_tensors`` (the collator's own when ``None``), checked to be ``"pt"``."""
+        """A call's ``return_tensors`` (the collator's own when ``None``), checked to be ``"pt"`` or ``"np"``."""
         return_tensors = requested or self.return_tensors
         check_return_tensors(return_tensors)
         return return_tensors
 
-    def _pad_inputs(self, features: Sequence[Any], return_tensors: str | None = None) -> Any:
-        """:func:`pad_features` with this collator's tokenizer and padding options; ``return_tensors``
-        defaults to the collator's own."""
+    def _pad_inputs(self, features: Sequence[Any]) -> Any:
+        """:func:`pad_features` with this collator's tokenizer and padding options, as torch tensors (a call
+        that asked for numpy converts at the end, :func:`as_requested`)."""
         return pad_features(
             self.tokenizer,
             features,
             padding=self.padding,
             max_length=self.max_length,
             pad_to_multiple_of=self.pad_to_multiple_of,
-            return_tensors=return_tensors or self.return_tensors,
+            return_tensors="pt",
         )
 
 

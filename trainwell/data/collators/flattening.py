@@ -14,7 +14,14 @@ from typing import Any
 
 import torch
 
-from trainwell.data.collators.base import LABEL_PAD_ID, DefaultDataCollator, as_mappings, check_return_tensors, to_list
+from trainwell.data.collators.base import (
+    LABEL_PAD_ID,
+    DefaultDataCollator,
+    as_mappings,
+    as_requested,
+    check_return_tensors,
+    to_list,
+)
 
 
 class DataCollatorWithFlattening(DefaultDataCollator):
@@ -63,7 +70,8 @@ class DataCollatorWithFlattening(DefaultDataCollator):
     def __call__(
         self, features: Sequence[Any], return_tensors: str | None = None, separator_id: int | None = None
     ) -> dict[str, Any]:
-        check_return_tensors(return_tensors or self.return_tensors)
+        kind = return_tensors or self.return_tensors
+        check_return_tensors(kind)
         separator = self.separator_id if separator_id is None else separator_id
         rows = as_mappings(features)
         has_labels = "labels" in rows[0]
@@ -91,4 +99,4 @@ class DataCollatorWithFlattening(DefaultDataCollator):
             cu_seq_lens = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
             batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = cu_seq_lens
             batch["max_length_q"] = batch["max_length_k"] = max(lengths, default=0)
-        return batch
+        return as_requested(batch, kind)

@@ -19,6 +19,7 @@ import torch
 
 from trainwell.data.collators.base import (
     LABEL_PAD_ID,
+    as_requested,
     check_return_tensors,
     collate_token_sequences,
     pad_features,
@@ -118,8 +119,13 @@ class DataCollatorForLanguageModeling:
             )
 
     def __call__(self, examples: Sequence[Any], return_tensors: str | None = None) -> Any:
-        check_return_tensors(return_tensors or self.return_tensors)
-        return self.torch_call(examples)
+        kind = return_tensors or self.return_tensors
+        check_return_tensors(kind)
+        return as_requested(self.torch_call(examples), kind)
+
+    def numpy_call(self, examples: Sequence[Any]) -> Any:
+        """The batch as numpy arrays (masking drawn from the same torch generator as :meth:`torch_call`)."""
+        return as_requested(self.torch_call(examples), "np")
 
     def _refresh_generator(self) -> None:
         """Create the seeded generator on first use, and again in each DataLoader worker.

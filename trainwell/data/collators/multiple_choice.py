@@ -15,6 +15,7 @@ import torch
 from trainwell.data.collators.base import (
     PaddingCollatorMixin,
     as_mappings,
+    as_requested,
     label_key,
     to_tensor,
 )
@@ -42,7 +43,7 @@ class DataCollatorForMultipleChoice(PaddingCollatorMixin):
     return_tensors: str = "pt"
 
     def __call__(self, examples: Sequence[Any], return_tensors: str | None = None) -> dict[str, torch.Tensor]:
-        return_tensors = self._return_tensors(return_tensors)
+        kind = self._return_tensors(return_tensors)
         rows = as_mappings(examples)
         label_name = label_key(rows[0])
         num_choices = len(rows[0]["input_ids"])
@@ -57,8 +58,8 @@ class DataCollatorForMultipleChoice(PaddingCollatorMixin):
             for row in rows
             for c in range(num_choices)
         ]
-        padded = self._pad_inputs(flat, return_tensors)
+        padded = self._pad_inputs(flat)
         batch = {key: value.view(len(rows), num_choices, -1) for key, value in padded.items()}
         if label_name in rows[0]:
             batch["labels"] = to_tensor([row[label_name] for row in rows], label_name, torch.int64)
-        return batch
+        return as_requested(batch, kind)

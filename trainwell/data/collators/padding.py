@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainwell.data.collators.base import PaddingCollatorMixin
+from trainwell.data.collators.base import PaddingCollatorMixin, as_requested
 
 
 @dataclass
@@ -26,7 +26,7 @@ class DataCollatorWithPadding(PaddingCollatorMixin):
             ``max_length``, or the tokenizer's ``model_max_length``), ``False`` / ``"do_not_pad"``.
         max_length: the target length for ``padding="max_length"``. Padding never truncates.
         pad_to_multiple_of: round the padded length up to a multiple of this (e.g. 8 for tensor cores).
-        return_tensors: must be ``"pt"``.
+        return_tensors: ``"pt"`` (torch tensors) or ``"np"`` (numpy arrays).
 
     ``label`` and ``label_ids`` are renamed ``labels`` in the returned batch.
     """
@@ -42,4 +42,4 @@ class DataCollatorWithPadding(PaddingCollatorMixin):
         for name in ("label", "label_ids"):
             if name in batch:
                 batch["labels"] = batch.pop(name)
-        return batch
+        return as_requested(batch, self._return_tensors(None))

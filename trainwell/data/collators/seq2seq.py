@@ -17,6 +17,7 @@ from trainwell.data.collators.base import (
     LABEL_PAD_ID,
     PaddingCollatorMixin,
     as_mappings,
+    as_requested,
     normalize_padding,
     pad_sequence,
     padding_side_of,
@@ -55,18 +56,18 @@ class DataCollatorForSeq2Seq(PaddingCollatorMixin):
     return_tensors: str = "pt"
 
     def __call__(self, features: Sequence[Any], return_tensors: str | None = None) -> Any:
-        return_tensors = self._return_tensors(return_tensors)
+        kind = self._return_tensors(return_tensors)
         rows = as_mappings(features)
         label_name, inputs = split_labels(rows)
         labels = [row.get(label_name) for row in rows]
-        batch = self._pad_inputs(inputs, return_tensors)
+        batch = self._pad_inputs(inputs)
         if all(label is None for label in labels):
-            return batch
+            return as_requested(batch, kind)
         batch["labels"] = self._pad_labels(labels)
         prepare = getattr(self.model, "prepare_decoder_input_ids_from_labels", None)
         if callable(prepare):
             batch["decoder_input_ids"] = prepare(labels=batch["labels"])
-        return batch
+        return as_requested(batch, kind)
 
     def _pad_labels(self, labels: list[Any]) -> torch.Tensor:
         if any(label is None for label in labels):

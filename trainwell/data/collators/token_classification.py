@@ -17,6 +17,7 @@ from trainwell.data.collators.base import (
     LABEL_PAD_ID,
     PaddingCollatorMixin,
     as_mappings,
+    as_requested,
     pad_sequence,
     padding_side_of,
     split_labels,
@@ -47,15 +48,15 @@ class DataCollatorForTokenClassification(PaddingCollatorMixin):
     return_tensors: str = "pt"
 
     def __call__(self, features: Sequence[Any], return_tensors: str | None = None) -> Any:
-        return_tensors = self._return_tensors(return_tensors)
+        kind = self._return_tensors(return_tensors)
         rows = as_mappings(features)
         label_name, inputs = split_labels(rows)
         has_labels = label_name in rows[0]
-        batch = self._pad_inputs(inputs, return_tensors)
+        batch = self._pad_inputs(inputs)
         if not has_labels:
-            return batch
+            return as_requested(batch, kind)
         length = batch["input_ids"].shape[1]
         side = padding_side_of(self.tokenizer)
         labels = [pad_sequence(to_list(row[label_name]), length, self.label_pad_token_id, side) for row in rows]
         batch[label_name] = to_tensor(labels, label_name, torch.int64)
-        return batch
+        return as_requested(batch, kind)
