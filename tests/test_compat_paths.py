@@ -27,6 +27,8 @@ def _offered():
                  "get_reporting_integration_callbacks", "is_tensorboard_available", "is_mlflow_available",
                  "is_wandb_available", "is_trackio_available", "is_deepspeed_available", "is_deepspeed_zero3_enabled"):
         yield "integrations", name
+    yield "trainer_seq2seq", "Seq2SeqTrainer"
+    yield "training_args_seq2seq", "Seq2SeqTrainingArguments"
     for name in ("Trainer", "DEFAULT_CALLBACKS", "DEFAULT_PROGRESS_CALLBACK", "TRAINER_STATE_NAME",
                  "OPTIMIZER_NAME", "SCHEDULER_NAME", "SCALER_NAME", "TRAINING_ARGS_NAME"):
         yield "trainer", name

@@ -15,8 +15,10 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     # the facade
     "Trainer": "trainwell.trainer",
+    "Seq2SeqTrainer": "trainwell.trainer_seq2seq",
     # arguments
     "TrainingArguments": "trainwell.training_args",
+    "Seq2SeqTrainingArguments": "trainwell.training_args_seq2seq",
     "AcceleratorConfig": "trainwell.training_args",
     "TrainwellArgumentParser": "trainwell.args.parser",
     "HfArgumentParser": "trainwell.args.parser",
