@@ -167,3 +167,15 @@ def test_the_references_public_trainer_attributes(tmp_path):
     assert trainer.deepspeed is None and trainer.hp_name is None and trainer.hub_model_id is None
     assert trainer.neftune_noise_alpha is None and trainer.get_tp_size() == 1
     assert trainer.gather_function(torch.ones(2)).tolist() == [1.0, 1.0]
+
+
+def test_loaders_carry_total_batch_size_as_accelerates_do(tmp_path):
+    from tests.common.models import RegressionDataset, RegressionModel
+    from tests.conftest import make_args
+    from trainwell import Trainer
+
+    args = make_args(str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(),
+                      eval_dataset=RegressionDataset())
+    assert trainer.get_train_dataloader().total_batch_size == 4  # per step of the loader, not per optimizer step
+    assert trainer.get_eval_dataloader().total_batch_size == 8

@@ -163,6 +163,9 @@ class Runtime:
         wrapper costs a recursive device copy per batch that the per-step overhead budget cannot afford.
         """
         if not self.distributed and self.device.type == "cpu":
+            if getattr(dataloader, "batch_size", None) is not None:
+                # what Accelerate's loaders carry and scripts read: the batch over all processes
+                dataloader.total_batch_size = dataloader.batch_size
             return dataloader
         return self.accelerator.prepare_data_loader(dataloader)
 
