@@ -33,6 +33,7 @@ from trainwell.outputs import (
     SaveStrategy,
     SchedulerType,
 )
+from trainwell.utils import logging as library_logging
 from trainwell.utils.errors import choice_error
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -417,21 +418,10 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
     def get_process_log_level(self) -> int:
         """The ``logging`` level for this process: ``log_level`` if ``should_log``, else ``log_level_replica``.
 
-        ``"passive"`` resolves to the library's verbosity, as in the reference: the ``trainwell`` logger's effective
-        level (``trainwell.utils.logging.set_verbosity_info()``), or ``transformers``' verbosity when the script
-        imported it and asked it for more than warnings (an example script that switched only its Trainer imports
-        still calls ``transformers.utils.logging.set_verbosity_info()`` and expects INFO here).
+        ``"passive"`` resolves to the library's verbosity (:func:`trainwell.utils.logging.passive_level`).
         """
         level = LOG_LEVELS[self.log_level if self.should_log else self.log_level_replica]
-        if level != -1:
-            return level
-        level = logging.getLogger("trainwell").getEffectiveLevel()
-        reference = sys.modules.get("transformers.utils.logging")
-        if reference is not None and hasattr(reference, "get_verbosity"):
-            asked = reference.get_verbosity()
-            if asked < min(level, logging.WARNING):
-                level = asked
-        return level
+        return library_logging.passive_level() if level == -1 else level
 
     @contextlib.contextmanager
     def main_process_first(self, local: bool = True, desc: str = "work") -> Iterator[None]:
@@ -467,8 +457,7 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
     def to_dict(self) -> dict[str, Any]:
         """Fields as plain JSON-friendly values; enums become strings and ``*_token`` fields are masked.
 
-        trainwell's own fields appear only when set away from their default, so the dict of a run that uses none
-        holds exactly the reference's keys (and ``transformers.TrainingArguments(**d)`` accepts it).
+        trainwell's own fields appear only when set, so a run that uses none gives exactly the reference's keys.
         """
         out = {
             f.name: normalize.to_plain(getattr(self, f.name))

@@ -90,3 +90,17 @@ def enable_explicit_format() -> None:
 def reset_format() -> None:
     for handler in _root().handlers:
         handler.setFormatter(None)
+
+
+def passive_level() -> int:
+    """What ``log_level="passive"`` means, as in the reference: the library's verbosity. That is the ``trainwell``
+    logger's effective level, or ``transformers``' verbosity when the script imported it and asked it for more
+    than warnings (an example script that switched only its Trainer imports still calls
+    ``transformers.utils.logging.set_verbosity_info()`` and expects INFO)."""
+    level = get_verbosity()
+    reference = sys.modules.get("transformers.utils.logging")
+    if reference is not None and hasattr(reference, "get_verbosity"):
+        asked = reference.get_verbosity()
+        if asked < min(level, WARNING):
+            level = asked
+    return level
