@@ -166,3 +166,35 @@ def test_the_causal_lm_example_runs_here_and_on_the_reference(lm_workspace, tmp_
     # weights agree closely: Adam barely notices a constant factor in the gradients).
     assert ref["train_loss"] == pytest.approx(mine["train_loss"] * 15 / 16, rel=1e-2)
     assert ref["eval_loss"] == pytest.approx(mine["eval_loss"] * 15 / 16, rel=1e-2)
+
+
+# ------------------------------------------------------------------------------------------ token classification
+def test_the_token_classification_example_runs_here_and_on_the_reference(workspace, tmp_path):
+    """Tags: POS for the "good" words, NEG for the "bad" ones, O for the rest (the classifier's tiny BERT)."""
+    rng = random.Random(2)
+    for name, n in (("ner-train.json", 64), ("ner-dev.json", 16)):
+        lines = []
+        for _ in range(n):
+            words = rng.sample(FILLER, 3) + [rng.choice(GOOD), rng.choice(BAD)]
+            rng.shuffle(words)
+            tags = ["POS" if w in GOOD else "NEG" if w in BAD else "O" for w in words]
+            lines.append(json.dumps({"tokens": words, "ner_tags": tags}))
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    script = ROOT / "examples" / "run_ner.py"
+
+    def args(out: Path) -> list[str]:
+        return ["--model_name_or_path", str(workspace / "tiny-bert"), "--train_file", str(tmp_path / "ner-train.json"),
+                "--validation_file", str(tmp_path / "ner-dev.json"), "--output_dir", str(out), "--do_train",
+                "--do_eval", "--num_train_epochs", "6", "--per_device_train_batch_size", "8",
+                "--per_device_eval_batch_size", "8", "--learning_rate", "2e-2", "--logging_steps", "8",
+                "--save_steps", "1000", "--report_to", "none", "--use_cpu", "--seed", "7"]
+
+    ours, theirs = tmp_path / "out-trainwell", tmp_path / "out-reference"
+    _run(script, workspace, ours, args(ours))
+    _run(_on_the_reference(script, tmp_path), workspace, theirs, args(theirs))
+    mine = json.loads((ours / "all_results.json").read_text())
+    ref = json.loads((theirs / "all_results.json").read_text())
+    assert {"README.md", "model.safetensors", "checkpoint-48"} <= set(os.listdir(ours))
+    assert mine["eval_accuracy"] >= 0.9 and mine["eval_accuracy"] == ref["eval_accuracy"]
+    assert mine["train_loss"] == pytest.approx(ref["train_loss"], rel=1e-3)
+    assert mine["eval_loss"] == pytest.approx(ref["eval_loss"], rel=1e-3)  # 16 = 2 x 8: no short last batch
