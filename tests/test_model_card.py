@@ -60,3 +60,13 @@ def test_a_card_without_evaluation_or_arguments(tmp_path):
     card = _card(trainer)
     assert "This model was trained from scratch." in card and "### Training results" not in card
     assert "tags:\n- generated_from_trainer" in card
+
+
+def test_tasks_and_dataset_args_fill_the_model_index(trained):
+    trained.create_model_card(dataset="toy-regression", dataset_args="noisy", tasks="tabular-regression")
+    yaml = pytest.importorskip("yaml")
+    (entry,) = yaml.safe_load(_card(trained).split("---")[1])["model-index"][0]["results"]
+    assert entry["task"] == {"type": "tabular-regression", "name": "Tabular Regression"}
+    assert entry["dataset"] == {"name": "toy-regression", "type": "toy-regression", "args": "noisy"}
+    last = [h for h in trained.state.log_history if "eval_loss" in h][-1]
+    assert {m["type"]: m["value"] for m in entry["metrics"]} == {"mae": last["eval_mae"], "loss": last["eval_loss"]}

@@ -132,7 +132,24 @@ def _header(name: str, base: str | None, meta: dict[str, Any], results: dict[str
     lines += _yaml_list("datasets", meta["datasets"])
     if results:
         lines += ["metrics:"] + [f"- {k.removeprefix('eval_')}" for k in results if k != "eval_loss"]
-    lines += ["model-index:", f"- name: {name}", "  results: []", "---", ""]
+    return [*lines, "model-index:", f"- name: {name}", *_index_results(meta, results), "---", ""]
+
+
+def _index_results(meta: dict[str, Any], results: dict[str, float]) -> list[str]:
+    """The model-index ``results``: one entry per task (``tasks``) with the dataset (``dataset`` and its
+    ``dataset_args`` config) and the last evaluation's metrics; empty without a task or an evaluation."""
+    if not (meta["tasks"] and results):
+        return ["  results: []"]
+    lines = ["  results:"]
+    for task in meta["tasks"]:
+        lines += ["  - task:", f"      type: {task}", f"      name: {_title(task.replace('-', '_'))}"]
+        if meta["datasets"]:
+            lines += ["    dataset:", f"      name: {meta['datasets'][0]}", f"      type: {meta['datasets'][0]}"]
+            if meta["dataset_args"]:
+                lines.append(f"      args: {meta['dataset_args'][0]}")
+        lines.append("    metrics:")
+        for key, value in results.items():
+            lines += [f"    - name: {_title(key)}", f"      type: {key.removeprefix('eval_')}", f"      value: {value}"]
     return lines
 
 
@@ -149,7 +166,8 @@ def model_card(trainer: Trainer, **kwargs: Any) -> str:
     tags = list(dict.fromkeys(["generated_from_trainer", *_as_list(kwargs.get("tags"))]))
     library = "transformers" if type(model).__module__.startswith("transformers") else None
     meta = {"library_name": library, "license": kwargs.get("license"), "language": _as_list(kwargs.get("language")),
-            "tags": tags, "datasets": datasets}
+            "tags": tags, "datasets": datasets, "tasks": _as_list(kwargs.get("tasks")),
+            "dataset_args": _as_list(kwargs.get("dataset_args"))}
     results = last_evaluation(trainer.state.log_history)
     lines = _header(name, base, meta, results)
     lines += ["<!-- This model card was written by trainwell from the training run. Edit it freely. -->", "",
