@@ -123,6 +123,8 @@ class Trainer:
         self.current_gradient_accumulation_steps = 1
         self.micro_batch_loss_scale: torch.Tensor | float | None = None
         self.training_run = None
+        # decided once, not per micro-batch: an override may predate the reference's num_items_in_batch
+        self._loss_takes_items = model_utils.accepts_keyword(self.compute_loss, "num_items_in_batch")
         # the reference's public attributes that library subclasses read (TRL, sentence-transformers, ...)
         self.is_deepspeed_enabled, self.is_fsdp_enabled = self.runtime.uses_deepspeed, self.runtime.shards_model
         self.place_model_on_device = not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
@@ -286,7 +288,7 @@ class Trainer:
             self.optimizer.train()  # schedule-free optimizers keep separate train/eval weights
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
-            if model_utils.accepts_keyword(self.compute_loss, "num_items_in_batch"):
+            if self._loss_takes_items:
                 loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
             else:  # an override written to the reference's older documented signature
                 loss = self.compute_loss(model, inputs)

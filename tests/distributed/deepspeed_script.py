@@ -49,19 +49,11 @@ def config(cli: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--workdir", required=True)
+    engine_flags.add_flags(parser, ga=2)
     parser.add_argument("--stage", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--ga", type=int, default=2)
-    parser.add_argument("--max-steps", type=int, default=6)
-    parser.add_argument("--save-steps", type=int, default=0)
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--ds-optimizer", action="store_true", help="the config names the optimizer and scheduler")
     parser.add_argument("--plain", action="store_true", help="no DeepSpeed: the DDP run to compare with")
-    parser.add_argument("--best", action="store_true")
-    engine_flags.add_flags(parser)
-    parser.add_argument("--resume", default=None)
     parser.add_argument("--no-transformers", action="store_true",
                         help="run as if transformers were not installed (imports of it fail)")
     cli = parser.parse_args()
@@ -72,20 +64,12 @@ def main() -> None:
 
     from trainwell import Trainer, TrainingArguments
 
-    best = {"eval_strategy": "steps", "eval_steps": cli.save_steps, "load_best_model_at_end": True,
-            "metric_for_best_model": "loss"} if cli.best else {}
     engine = {"use_cpu": True} if cli.plain else {"deepspeed": config(cli), "ddp_backend": "gloo"}
-    args = TrainingArguments(
-        output_dir=cli.workdir, per_device_train_batch_size=cli.batch, gradient_accumulation_steps=cli.ga,
-        learning_rate=1e-2, weight_decay=0.1, max_steps=cli.max_steps, logging_steps=1, report_to="none",
-        disable_tqdm=True, bf16=cli.bf16, save_strategy="steps" if cli.save_steps else "no",
-        save_steps=cli.save_steps or 500, **engine, **best,
-        **engine_flags.arguments(cli),
-    )
+    args = TrainingArguments(bf16=cli.bf16, **engine, **engine_flags.arguments(cli))
     data = ClassificationDataset(n=96)
     trainer = Trainer(model=Net(), args=args, train_dataset=data, eval_dataset=data if cli.best else None,
                       callbacks=engine_flags.callbacks(cli))
-    trainer.train(resume_from_checkpoint=cli.resume)
+    trainer.train(resume_from_checkpoint=engine_flags.resume(cli))
     final = os.path.join(cli.workdir, "final")
     trainer.save_model(final)  # every process: under ZeRO-3 the weights are gathered
     if trainer.is_world_process_zero():

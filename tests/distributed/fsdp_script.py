@@ -97,19 +97,11 @@ def die_in_save(step: int, rank: int, when: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--ga", type=int, default=1)
-    parser.add_argument("--max-steps", type=int, default=6)
-    parser.add_argument("--save-steps", type=int, default=0)
+    engine_flags.add_flags(parser)
     parser.add_argument("--fsdp", action="store_true")
     parser.add_argument("--fsdp-on-cpu", action="store_true", help="install the test-only patch (see above)")
     parser.add_argument("--state-dict-type", default="SHARDED_STATE_DICT")
-    parser.add_argument("--best", action="store_true", help="evaluate and load the best model at the end")
     parser.add_argument("--compile", action="store_true", help="torch_compile with the eager backend")
-    engine_flags.add_flags(parser)
-    parser.add_argument("--resume", default=None, help="a checkpoint folder, or 'true' for the newest complete one")
     parser.add_argument("--fsdp-config", default="{}", help="JSON merged into the fsdp_config")
     parser.add_argument("--die-in-save", default=None, help="STEP:RANK:before|after (see die_in_save)")
     cli = parser.parse_args()
@@ -124,19 +116,12 @@ def main() -> None:
     fsdp_config = {"transformer_layer_cls_to_wrap": ["Block"], "state_dict_type": cli.state_dict_type,
                    **json.loads(cli.fsdp_config)}
     fsdp = {"fsdp": True, "fsdp_config": fsdp_config} if cli.fsdp else {}
-    best = {"eval_strategy": "steps", "eval_steps": cli.save_steps, "load_best_model_at_end": True,
-            "metric_for_best_model": "loss"} if cli.best else {}
-    args = TrainingArguments(
-        output_dir=cli.workdir, per_device_train_batch_size=cli.batch, gradient_accumulation_steps=cli.ga,
-        learning_rate=1e-2, weight_decay=0.1, max_steps=cli.max_steps, logging_steps=1, report_to="none",
-        disable_tqdm=True, use_cpu=True, save_strategy="steps" if cli.save_steps else "no",
-        save_steps=cli.save_steps or 500, torch_compile_backend="eager" if cli.compile else None, **fsdp, **best,
-        **engine_flags.arguments(cli),
-    )
+    args = TrainingArguments(use_cpu=True, torch_compile_backend="eager" if cli.compile else None, **fsdp,
+                             **engine_flags.arguments(cli))
     data = ClassificationDataset(n=96)
     trainer = Trainer(model=Net(), args=args, train_dataset=data, eval_dataset=data if cli.best else None,
                       callbacks=engine_flags.callbacks(cli))
-    trainer.train(resume_from_checkpoint=True if cli.resume == "true" else cli.resume)
+    trainer.train(resume_from_checkpoint=engine_flags.resume(cli))
     from torch.distributed.tensor import DTensor
 
     sharded = all(isinstance(p, DTensor) for p in trainer.model.parameters())

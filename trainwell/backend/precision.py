@@ -50,13 +50,11 @@ class Precision:
             DistributedType.MULTI_CPU,
             DistributedType.MULTI_GPU,
         )
+        deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
         #: only fp16 ever skips a step (an overflow: Accelerate's grad scaler, or DeepSpeed's own loss scaling)
-        self.can_skip_steps: bool = self._scaler is not None or (
-            accelerator.distributed_type == DistributedType.DEEPSPEED and self.mode == "fp16"
-        )
+        self.can_skip_steps: bool = self._scaler is not None or (deepspeed and self.mode == "fp16")
         #: DeepSpeed divides a micro-batch's loss by the accumulation steps unless told not to: trainwell
         #: already scaled it by the micro-batch's share of the window (``trainwell.loop.accumulation``)
-        deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
         self._backward_kwargs = {"scale_wrt_gas": False} if deepspeed else {}
         #: the dtype of a ``fp16_full_eval`` / ``bf16_full_eval`` evaluation copy, None to evaluate as trained
         self.eval_dtype: torch.dtype | None = (

@@ -13,11 +13,14 @@ for the last one before it returns (or raises), so a finished run's checkpoints 
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 class HostStaging:
@@ -25,13 +28,15 @@ class HostStaging:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._seen: dict[tuple[Any, ...], torch.Tensor] = {}  # this snapshot's copies, by the memory they copy
 
     def snapshot(self, name: str, state: Any) -> Any:
-        """``state`` with every tensor replaced by a host copy; other values deep-copied as plain data.
+        """``state`` with every tensor replaced by a host copy, its dicts, lists and tuples rebuilt around them
+        (other values are kept: numbers, strings, None).
 
         Tensors that are views of the same memory (tied weights) share one copy, as they share storage.
         """
-        self._seen: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._seen = {}
         copied = self._copy(state, (name,))
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # the device-to-host copies were queued without waiting
@@ -88,9 +93,7 @@ class BackgroundWriter:
         try:
             self.wait()
         except RuntimeError as err:
-            import logging
-
-            logging.getLogger(__name__).error("%s", err)
+            logger.error("%s", err)
 
     def wait(self) -> None:
         """Block until the running job ends; raise its error (naming the checkpoint) if it failed."""

@@ -339,36 +339,33 @@ def load_optimizer_and_scheduler(trainer: TrainerHooks, checkpoint: str) -> None
             "under DeepSpeed only (its zero_to_fp32.py turns it into full weights for a fresh start). Resume with "
             "the engine that wrote it, or start from its model weights."
         )
+    group_map, saved_groups = None, 0  # how the saved optimizer groups map onto this run's (plain files only)
     if trainer.runtime.uses_deepspeed:
         ds.load_checkpoint(trainer.model_wrapped, checkpoint)
-        if scheduler_file.is_file():
-            trainer.lr_scheduler.load_state_dict(safe_torch_load(scheduler_file))
-        return
-    if sharded.has_shards(checkpoint, sharded.OPTIMIZER_DIR):
+    elif sharded.has_shards(checkpoint, sharded.OPTIMIZER_DIR):
         sharded.load_optimizer_shards(model_utils.unwrap(trainer.model_wrapped), trainer.optimizer, checkpoint)
-        if scheduler_file.is_file():
-            trainer.lr_scheduler.load_state_dict(safe_torch_load(scheduler_file))
-        return
-    if trainer.runtime.shards_model and optimizer_file.is_file():
+    elif trainer.runtime.shards_model and optimizer_file.is_file():
         raise ValueError(
             f"{checkpoint} holds {OPTIMIZER_NAME}, written by a run without FSDP; an FSDP run restores the optimizer "
             f"from its shards ({sharded.OPTIMIZER_DIR}/). Resume it without FSDP, or delete {OPTIMIZER_NAME} to "
             "start the optimizer from scratch."
         )
-    if not optimizer_file.is_file():
+    elif not optimizer_file.is_file():
         logger.warning(
             "%s has no %s (saved with save_only_model?): the optimizer starts fresh, so training will not "
             "continue exactly where it stopped.", checkpoint, OPTIMIZER_NAME,
         )  # fmt: skip
         return
-    saved = safe_torch_load(optimizer_file, map_location=trainer.runtime.device)
-    inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-    aligned, group_map = align_optimizer_state(saved, inner, model_utils.unwrap(trainer.model))
-    trainer.optimizer.load_state_dict(aligned)
+    else:
+        saved = safe_torch_load(optimizer_file, map_location=trainer.runtime.device)
+        inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+        aligned, group_map = align_optimizer_state(saved, inner, model_utils.unwrap(trainer.model))
+        trainer.optimizer.load_state_dict(aligned)
+        saved_groups = len(saved["param_groups"])
     if scheduler_file.is_file():
         scheduler_state = safe_torch_load(scheduler_file)
         if isinstance(scheduler_state, dict):
-            scheduler_state = align_scheduler_state(scheduler_state, group_map, len(saved["param_groups"]))
+            scheduler_state = align_scheduler_state(scheduler_state, group_map, saved_groups)
         trainer.lr_scheduler.load_state_dict(scheduler_state)
 
 

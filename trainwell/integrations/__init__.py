@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainwell.utils.errors import did_you_mean
+from trainwell.utils.lazy import lazy_exports
 
 
 @dataclass(frozen=True)
@@ -102,13 +103,6 @@ def is_deepspeed_zero3_enabled() -> bool:
     return active_zero_stage() == 3
 
 
-_CALLBACKS = {entry.cls: name for name, entry in TRACKERS.items()}
-
-
-def __getattr__(name: str) -> Any:
-    """``from trainwell.integrations import TensorBoardCallback`` (the reference's import path), loaded lazily."""
-    if name in _CALLBACKS:
-        value = getattr(importlib.import_module(TRACKERS[_CALLBACKS[name]].module), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``from trainwell.integrations import TensorBoardCallback`` (the reference's import path), loaded on first use
+__getattr__, __dir__ = lazy_exports(__name__, {entry.cls: entry.module for entry in TRACKERS.values()},
+                                    extra_dir=[name for name in globals() if not name.startswith("_")])

@@ -1,7 +1,7 @@
 """``find_executable_batch_size``: the reference's decorator that retries a function with a smaller batch size.
 
 With ``auto_find_batch_size=True`` the function runs under Accelerate's decorator of that name (on an
-out-of-memory error it is called again with half the batch size); otherwise it is simply called with
+out-of-memory error it is called again with a smaller batch size); otherwise it is simply called with
 ``batch_size=starting_batch_size``.
 """
 
