@@ -64,6 +64,7 @@ _EXPORTS: dict[str, str] = {
     "DataCollatorForSeq2Seq": "trainwell.data.collators",
     "DataCollatorForTokenClassification": "trainwell.data.collators",
     "DataCollatorForMultipleChoice": "trainwell.data.collators",
+    "DataCollatorForPermutationLanguageModeling": "trainwell.data.collators",
     "DataCollatorWithFlattening": "trainwell.data.collators",
     # utilities
     "set_seed": "trainwell.utils.seed",

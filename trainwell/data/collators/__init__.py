@@ -6,7 +6,8 @@ one; trainwell pads itself otherwise). ``return_tensors`` is ``"pt"`` (torch) or
 same values).
 
 Modules: ``base`` (default collator and shared padding helpers), ``padding``, ``language_modeling``,
-``seq2seq``, ``token_classification``, ``multiple_choice``, ``flattening``.
+``permutation`` (XLNet permutation LM), ``seq2seq``, ``token_classification``, ``multiple_choice``,
+``flattening``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from trainwell.data.collators.base import (
     DataCollator,
     DefaultDataCollator,
     default_data_collator,
+    numpy_default_data_collator,
     pad_features,
+    torch_default_data_collator,
 )
 from trainwell.data.collators.flattening import DataCollatorWithFlattening
 from trainwell.data.collators.language_modeling import DataCollatorForLanguageModeling
 from trainwell.data.collators.multiple_choice import DataCollatorForMultipleChoice
 from trainwell.data.collators.padding import DataCollatorWithPadding
+from trainwell.data.collators.permutation import DataCollatorForPermutationLanguageModeling
 from trainwell.data.collators.seq2seq import DataCollatorForSeq2Seq
 from trainwell.data.collators.token_classification import DataCollatorForTokenClassification
 
@@ -28,11 +32,14 @@ __all__ = [
     "DataCollator",
     "DataCollatorForLanguageModeling",
     "DataCollatorForMultipleChoice",
+    "DataCollatorForPermutationLanguageModeling",
     "DataCollatorForSeq2Seq",
     "DataCollatorForTokenClassification",
     "DataCollatorWithFlattening",
     "DataCollatorWithPadding",
     "DefaultDataCollator",
     "default_data_collator",
+    "numpy_default_data_collator",
     "pad_features",
+    "torch_default_data_collator",
 ]

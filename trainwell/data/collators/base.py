@@ -246,6 +246,20 @@ def default_data_collator(features: Sequence[Any], return_tensors: str | None = 
     return as_requested(batch, kind)
 
 
+def torch_default_data_collator(features: Sequence[Any]) -> dict[str, torch.Tensor]:
+    """:func:`default_data_collator` with ``return_tensors="pt"`` (the reference's name for its torch path)."""
+    return default_data_collator(features, "pt")
+
+
+def numpy_default_data_collator(features: Sequence[Any]) -> dict[str, Any]:
+    """:func:`default_data_collator` with ``return_tensors="np"`` (the reference's name for its numpy path).
+
+    The arrays have the dtypes of the torch path (see :func:`as_requested`): float features are ``float32``,
+    where the reference's ``numpy.array`` makes ``float64``.
+    """
+    return default_data_collator(features, "np")
+
+
 @dataclass
 class DefaultDataCollator:
     """Object form of :func:`default_data_collator`, for APIs that want a collator instance.
