@@ -58,6 +58,7 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
     "_load_scaler": (RESUME,),
     "_load_rng_state": (RESUME,),
     "_load_callback_state": (RESUME,),
+    "_finish_current_push": (TRAIN,),
     "is_local_process_zero": (TRAIN,),
     "is_world_process_zero": (TRAIN,),
 }

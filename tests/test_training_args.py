@@ -1026,11 +1026,17 @@ def test_setter_errors():
         args.set_save(strategy="steps", steps=0)
     with pytest.raises(ValueError, match="log_level='verbose'"):
         args.set_logging(level="verbose")
-    with pytest.raises(NotImplementedError, match="push_to_hub"):
-        args.set_push_to_hub("me/model")
+    with pytest.raises(ValueError, match="hub_strategy='every-checkpoint'"):
+        args.set_push_to_hub("me/model", strategy="every-checkpoint")
     with pytest.warns(FutureWarning, match="gradient_checkpointing is deprecated"):
         args.set_training(gradient_checkpointing=True)
     assert args.activation_checkpointing is True
+
+
+def test_set_push_to_hub():
+    args = make().set_push_to_hub("me/model", strategy="checkpoint", token="hf_x", private_repo=True)
+    assert args.push_to_hub and args.hub_model_id == "me/model" and args.hub_strategy is HubStrategy.CHECKPOINT
+    assert args.hub_token == "hf_x" and args.hub_private_repo is True and args.to_dict()["hub_token"] == "<HUB_TOKEN>"
 
 
 def test_set_evaluate_keeps_a_numeric_delay():

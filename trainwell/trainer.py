@@ -44,6 +44,7 @@ from trainwell.events.callback import TrainerCallback
 from trainwell.events.flow import DefaultFlowCallback
 from trainwell.events.handler import CallbackHandler
 from trainwell.events.progress import ProgressCallback
+from trainwell.integrations import hub
 from trainwell.loop import boundary, evaluation
 from trainwell.loop.fit import FitLoop
 from trainwell.loop.losses import label_smoothed_loss, logits_of
@@ -129,7 +130,10 @@ class Trainer:
         self.is_deepspeed_enabled, self.is_fsdp_enabled = self.runtime.uses_deepspeed, self.runtime.shards_model
         self.place_model_on_device = not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
         self.is_model_parallel, self.deepspeed, self.hp_name = False, None, None
-        self.hub_model_id, self.neftune_noise_alpha = args.hub_model_id, args.neftune_noise_alpha
+        self.neftune_noise_alpha = args.neftune_noise_alpha
+        self.hub_model_id, self.push_in_progress, self._hub = None, None, None  # set by init_hf_repo
+        if args.push_to_hub:
+            self.init_hf_repo()
         self.gather_function = self.accelerator.gather_for_metrics
         self.control = self.callback_handler.on_init_end(args, self.state, TrainerControl())
         config = getattr(self.model, "config", None)
@@ -453,7 +457,9 @@ class Trainer:
         if self.training_run is not None:
             self.training_run.flush_tokens(self)
         self.store_flos()
-        contents.save_checkpoint(self, self._get_output_dir(trial))
+        folder = contents.save_checkpoint(self, self._get_output_dir(trial))
+        if self.args.push_to_hub:
+            self._push_from_checkpoint(str(folder))
 
     def _get_output_dir(self, trial: Any) -> str:
         return self.args.output_dir
@@ -464,6 +470,8 @@ class Trainer:
         Under FSDP the full weights are gathered from every process first: every process must call it.
         """
         contents.save_model(self, output_dir, _internal_call)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         if self.args.should_save:
@@ -536,7 +544,27 @@ class Trainer:
     def hyperparameter_search(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("Trainer.hyperparameter_search is not implemented in trainwell yet.")
 
-    def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            "trainwell never uploads to the Hugging Face Hub: save_model() and push the folder with huggingface_hub."
-        )
+    # ------------------------------------------------------------------------------------------ the Hub
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Create (or find) the Hub repository ``hub_model_id`` (default: output_dir's name); main process only."""
+        if not self.is_world_process_zero():
+            return
+        token = token if token is not None else self.args.hub_token
+        private = private if private is not None else self.args.hub_private_repo
+        self.hub_model_id = hub.create_repo(self.args, token, private)
+        self.push_in_progress, self._hub = None, hub.HubPusher(self.args, self.hub_model_id)
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
+                    token: str | None = None, revision: str | None = None, private: bool | None = None,
+                    **kwargs: Any) -> Any:
+        """Save the model and a model card (``kwargs`` go to ``create_model_card``) and upload ``output_dir``."""
+        return hub.push_to_hub(self, self._hub, commit_message, blocking, token, revision, private, kwargs)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        hub.push_from_checkpoint(self, self._hub, checkpoint_folder,
+                                 lambda: contents.save_model_files(self, self.args.output_dir, weights=False))
+
+    def _finish_current_push(self) -> None:
+        if self.push_in_progress is not None and not self.push_in_progress.is_done():
+            logger.info("Waiting for the Hub upload of the last checkpoint to finish.")
+            self.push_in_progress.wait_until_done()

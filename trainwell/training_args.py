@@ -556,11 +556,10 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
     def set_push_to_hub(self, model_id: str, strategy: str | HubStrategy = "every_save", token: str | None = None,
                         private_repo: bool | None = None, always_push: bool = False,
                         revision: str | None = None) -> Self:
-        """Set the Hub upload options (trainwell does not upload yet: this raises NotImplementedError)."""
+        """Turn on ``push_to_hub`` with these Hub options (see docs/hub.md)."""
         self.push_to_hub, self.hub_model_id, self.hub_token = True, model_id, token
         self.hub_strategy = normalize.coerce_enum("hub_strategy", strategy, HubStrategy)
         self.hub_private_repo, self.hub_always_push, self.hub_revision = private_repo, always_push, revision
-        support.check_supported(self, normalize.declared_defaults(TrainingArguments))
         return self
 
     def set_optimizer(self, name: str | OptimizerNames = "adamw_torch", learning_rate: float = 5e-5,

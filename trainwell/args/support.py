@@ -13,12 +13,6 @@ from typing import Any
 # field -> why it is not honoured yet. A field is only an error when set to something other than its default
 # (or, for the entries in _ALLOWED_VALUES, to a value outside the supported ones).
 UNSUPPORTED: dict[str, str] = {
-    "push_to_hub": "trainwell never uploads to the Hugging Face Hub; push the saved output_dir yourself",
-    "hub_model_id": "Hub uploads are not supported",
-    "hub_token": "Hub uploads are not supported",
-    "hub_private_repo": "Hub uploads are not supported",
-    "hub_always_push": "Hub uploads are not supported",
-    "hub_revision": "Hub uploads are not supported",
     "parallelism_config": "tensor/context/sequence parallelism is not supported",
     "use_liger_kernel": "Liger kernels are not supported",
     "liger_kernel_config": "Liger kernels are not supported",

@@ -70,19 +70,35 @@ class BackgroundWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._what = ""
+        self._lock = threading.Lock()
+        self._follow_ups: list[Callable[[], None]] = []
+        self._ending = False  # the running job is done and its follow-ups are being taken
 
     def submit(self, what: str, job: Callable[[], None]) -> None:
         self.wait()
-        self._what = what
+        self._what, self._ending = what, False
 
         def run() -> None:
             try:
                 job()
             except BaseException as err:  # re-raised in the training thread by wait()
                 self._error = err
+            with self._lock:
+                self._ending, follow_ups, self._follow_ups = True, self._follow_ups, []
+            for follow_up in follow_ups:
+                follow_up()
 
         self._thread = threading.Thread(target=run, name=f"trainwell-save-{what}", daemon=False)
         self._thread.start()
+
+    def then(self, follow_up: Callable[[], None]) -> None:
+        """Run ``follow_up`` on the writer's thread as soon as the running job ends, however it ended (at once,
+        here, when none is running); it must not raise. Before a later ``submit`` can start another job."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive() and not self._ending:
+                self._follow_ups.append(follow_up)
+                return
+        follow_up()
 
     @property
     def busy(self) -> bool:

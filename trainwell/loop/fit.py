@@ -202,4 +202,5 @@ class FitLoop:
         if self.args.should_save and self.args.save_total_limit == 1 and state.best_model_checkpoint is not None:
             keep_only_best(hooks._get_output_dir(self.trial), state.best_model_checkpoint)
         self._fire("on_train_end")
+        hooks._finish_current_push()  # the last checkpoint's Hub upload lands before train() returns
         return TrainOutput(state.global_step, train_loss, metrics)
