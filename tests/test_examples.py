@@ -64,8 +64,8 @@ def workspace(tmp_path_factory):
                                                      cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
     tokenizer.save_pretrained(model_dir)
     config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=32, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0, num_labels=2)
+                                     intermediate_size=32, max_position_embeddings=32, hidden_dropout_prob=0.1,
+                                     attention_probs_dropout_prob=0.1, num_labels=2)
     import torch
 
     torch.manual_seed(0)
@@ -108,8 +108,9 @@ def test_the_same_script_on_the_reference_gives_the_same_metrics(workspace, tmp_
     theirs = json.loads((tmp_path / "out-reference" / "all_results.json").read_text())
     assert mine["eval_accuracy"] == theirs["eval_accuracy"]
     # 20 eval samples in batches of 8: the reference overweights the short last batch (docs/evaluation.md), so
-    # eval_loss is compared loosely; the training loss (same data order, no dropout) closely
-    assert mine["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-3)
+    # eval_loss is compared loosely (short last batch); the training loss, with dropout on, to float rounding:
+    # the same data order and the same random draws (tests/test_reference_rng.py)
+    assert mine["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-6)
     assert mine["eval_loss"] == pytest.approx(theirs["eval_loss"], rel=0.05)
 
 

@@ -291,8 +291,13 @@ def save_scaler(trainer: TrainerHooks, directory: str) -> None:
 
 def save_rng_and_data_position(trainer: TrainerHooks, directory: str) -> None:
     """This process's RNG states and, for a stateful iterable dataset, its position (every process)."""
-    torch_save(get_rng_state(), _own_file(trainer, directory, "rng"))
     run = trainer.training_run
+    state = get_rng_state()
+    if run is not None and run.feed.epoch_rng is not None:
+        state["loader"] = run.feed.epoch_rng  # a resume mid-epoch gives its loader the same worker seed again
+    if run is not None and run.feed.reader is not None and run.feed.reader.pending_rng is not None:
+        state["read_ahead"] = run.feed.reader.pending_rng  # ... and reads its pending batch the same way again
+    torch_save(state, _own_file(trainer, directory, "rng"))
     position = run.feed.position if run is not None else None
     if position is not None:
         torch_save(position.state_dict(), _own_file(trainer, directory, "data_position"))
@@ -385,6 +390,12 @@ def load_rng_state(trainer: TrainerHooks, checkpoint: str) -> None:
         )  # fmt: skip
         return
     set_rng_state(load_rng_file(path))
+
+
+def saved_rng(trainer: TrainerHooks, checkpoint: str, key: str) -> Any:
+    """The entry ``key`` of this process's RNG file in ``checkpoint`` (None if there is no file or entry)."""
+    path = _own_file(trainer, checkpoint, "rng")
+    return load_rng_file(path).get(key) if path.is_file() else None
 
 
 def load_data_position(trainer: TrainerHooks, checkpoint: str, position: Any) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainwell.checkpoint.contents import CONTENTS, Phase, load_data_position
+from trainwell.checkpoint.contents import CONTENTS, Phase, load_data_position, saved_rng
 from trainwell.checkpoint.layout import (
     LEGACY_WEIGHTS_NAME,
     TRAINER_STATE_NAME,
@@ -74,6 +74,11 @@ class Resume:
         if reason is not None:
             raise ValueError(f"Can't resume from {path}: {reason}.")
         return cls(path)
+
+    def saved_rng(self, hooks: TrainerHooks, key: str) -> Any:
+        """One entry of this process's saved RNG states (``"cpu"``, or ``"loader"``: the state the checkpoint's
+        epoch drew its loader seed from); None when the checkpoint has none."""
+        return saved_rng(hooks, self.path, key)
 
     def restore(self, hooks: TrainerHooks, phase: Phase) -> None:
         """Run the restoring methods of ``phase`` (``WEIGHTS``, ``OPTIMIZER`` or ``RNG``) on ``hooks``."""

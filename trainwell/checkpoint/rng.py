@@ -46,13 +46,16 @@ def load_rng_file(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    python_state = state["python"]
-    # weights_only loading returns the inner tuple as a list; random.setstate needs tuples.
-    random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    if isinstance(keys, torch.Tensor):
-        keys = keys.numpy()
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
+    """Restore the generators ``state`` holds (a partial state, e.g. torch's alone, leaves the others)."""
+    if "python" in state:
+        python_state = state["python"]
+        # weights_only loading returns the inner tuple as a list; random.setstate needs tuples.
+        random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
+    if "numpy" in state:
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        if isinstance(keys, torch.Tensor):
+            keys = keys.numpy()
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
         cuda_states = state["cuda"]

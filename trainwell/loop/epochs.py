@@ -1,8 +1,9 @@
 """Walking the training data epoch by epoch, window by window, from wherever the run stands.
 
-Owns :class:`EpochIterator`: starting an epoch (``set_epoch`` on the sampler and the dataset, reseeding the
-loader's generator), skipping what a resumed run already consumed, and cutting the epoch's micro-batches
-into accumulation windows (``StepPlan.window_size``). Skipping is as cheap as the data allows:
+Owns :class:`EpochIterator`: starting an epoch (``set_epoch`` on the sampler and the dataset, seeding the
+loader as the reference's is seeded: ``TrainFeed.start_epoch``), skipping what a resumed run already
+consumed, and cutting the epoch's micro-batches into accumulation windows (``StepPlan.window_size``).
+Skipping is as cheap as the data allows:
 
 * map-style data skips at the sampler: nothing is loaded or collated to skip it;
 * a stateful ``IterableDataset`` (``state_dict``/``load_state_dict``) is set to its saved position;
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from trainwell.checkpoint.contents import Phase
+from trainwell.data.train_loader import ReadAhead, draw_loader_seed
 
 if TYPE_CHECKING:
     from trainwell.checkpoint.resume import Resume
@@ -44,7 +46,12 @@ class EpochIterator:
         self.consumed = self.plan.batches_before(skip_windows)
         batches = self._batches(epoch, self.consumed, resuming_here)
         if resuming_here:
+            pending = resume.saved_rng(self.hooks, "read_ahead") if self.consumed else None
+            if pending is not None and isinstance(batches, ReadAhead):
+                batches.reread(pending)  # the batch read ahead before the checkpoint, read the same way again
             resume.restore(self.hooks, Phase.RNG)
+            if self.consumed == 0 and self.feed.generator is not None:
+                draw_loader_seed()  # the epoch began after the saved state in the run that saved: draw as it did
         return self._windows(batches, skip_windows)
 
     def _windows(self, batches: Iterator[Any], window: int) -> Iterator[list[Any]]:
@@ -68,21 +75,29 @@ class EpochIterator:
             self._replay_earlier_passes(epoch)
         if feed.sampler is not None:
             feed.sampler.set_epoch(epoch)
-        if feed.generator is not None:
-            feed.generator.manual_seed(feed.data_seed + epoch)
+        if feed.generator is not None and resuming_here:
+            # mid-epoch: the seed this epoch drew before the checkpoint; at its start: the checkpoint's own state
+            key = "loader" if self.consumed else "cpu"
+            feed.start_epoch(self.resume.saved_rng(self.hooks, key), draw=False)
+        elif feed.generator is not None:
+            feed.start_epoch()
         # Accelerate's prepared loaders forward set_epoch to their dataset; a plain DataLoader has none.
         target = loader if hasattr(loader, "set_epoch") else feed.dataset
         if hasattr(target, "set_epoch") and target is not feed.sampler:
             target.set_epoch(epoch)
         if skip and feed.sampler is not None:
             feed.sampler.skip(skip * feed.indices_per_batch)
-            return iter(loader)
+            return self._read_ahead(iter(loader))
         iterator = iter(loader)
         if feed.position is not None:
             iterator = feed.position.track(iterator)
         for _ in range(skip):  # iterable data: replay (documented cost)
             next(iterator, None)
-        return iterator
+        return self._read_ahead(iterator)
+
+    def _read_ahead(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        self.feed.reader = ReadAhead(iterator) if self.feed.reads_ahead else None
+        return self.feed.reader or iterator
 
     def _replay_earlier_passes(self, epoch: int) -> None:
         """Read the passes before ``epoch`` of an iterable dataset that has no ``set_epoch``."""
