@@ -165,7 +165,8 @@ def test_the_references_public_trainer_attributes(tmp_path):
     assert trainer.is_deepspeed_enabled is False and trainer.is_fsdp_enabled is False
     assert trainer.place_model_on_device is True and trainer.is_model_parallel is False
     assert trainer.deepspeed is None and trainer.hp_name is None and trainer.hub_model_id is None
-    assert trainer.neftune_noise_alpha is None and trainer.get_tp_size() == 1
+    assert trainer.neftune_noise_alpha is None
+    assert trainer.get_tp_size() == trainer.get_cp_size() == trainer.get_sp_size() == 1
     assert trainer.gather_function(torch.ones(2)).tolist() == [1.0, 1.0]
 
 

@@ -528,6 +528,14 @@ class Trainer:
         """Tensor-parallel degree: trainwell does not shard tensors (FSDP2 and ZeRO shard parameters), so 1."""
         return 1
 
+    def get_cp_size(self) -> int:
+        """Context-parallel degree: 1 (``parallelism_config`` is not supported, see ``args/support.py``)."""
+        return 1
+
+    def get_sp_size(self) -> int:
+        """Sequence-parallel degree: 1 (``parallelism_config`` is not supported, see ``args/support.py``)."""
+        return 1
+
     def create_model_card(
         self, language: str | None = None, license: str | None = None, tags: str | list[str] | None = None,
         model_name: str | None = None, finetuned_from: str | None = None, tasks: str | list[str] | None = None,
