@@ -10,10 +10,10 @@ uploaded without its ``checkpoint-*`` and ``_*`` entries; ``checkpoint`` also up
 from ``push_to_hub()`` / ``save_model()``. A checkpoint push is skipped while the previous one is still
 running, unless ``hub_always_push``.
 
-Where trainwell is safer: checkpoint pushes run on one background thread that never blocks a step, wait for
-an asynchronous checkpoint write to be published first, and upload a hard-linked snapshot of the files, so a
-later save or ``save_total_limit`` deleting the checkpoint cannot tear an upload. A failed background push is
-logged and training goes on (the files stay in ``output_dir``).
+Where trainwell is safer: a step waits only for a hard-linked snapshot of the checkpoint (taken once an
+asynchronous write is published); copying, uploading and cleaning up run on one background thread, from
+snapshots, so a later save or ``save_total_limit`` deleting the checkpoint cannot tear an upload. A failed
+background push is logged and training goes on (the files stay in ``output_dir``).
 """
 
 from __future__ import annotations
@@ -135,42 +135,47 @@ class HubPusher:
         try:
             return self.upload(str(stage), message, **kwargs)
         finally:
-            shutil.rmtree(stage, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                stage.parent.rmdir()  # only once no other snapshot waits in it
+            _remove_stage(stage)
 
     def push_checkpoint(self, checkpoint: str, message: str, save_extras: Callable[[], None],
                         when_published: Callable[[Callable[[], None]], None]) -> list[futures.Future]:
         """Queue the uploads of one checkpoint (see the module docstring); returns their futures.
 
-        ``when_published(prepare)`` runs ``prepare`` once the checkpoint is written: at once after a synchronous
-        save, on the writer's thread after an asynchronous one (before a later save can rotate it away).
-        ``save_extras`` writes the processing class and training arguments into ``output_dir``.
+        The only work before this returns is a hard-linked snapshot of the checkpoint, taken by
+        ``when_published(snapshot)``: at once after a synchronous save, on the writer's thread right after an
+        asynchronous one is published (before a later save can rotate it away). Copying the model files to
+        ``output_dir``, ``save_extras`` (processing class and training arguments) and the uploads run on the
+        upload thread.
         """
         strategy = HubStrategy(self.args.hub_strategy)
         with_folder = strategy in (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS)
         staged: futures.Future = futures.Future()
 
-        def prepare() -> None:
+        def snapshot() -> None:
             try:
                 if not os.path.isdir(checkpoint):
                     raise FileNotFoundError(f"{checkpoint} was not published (its save failed)")
-                copy_model_files(checkpoint, self.args.output_dir)
-                save_extras()
-                stages = [self.stage(self.args.output_dir, skip_ignored=True)]
-                if with_folder:
-                    stages.append(self.stage(checkpoint, skip_ignored=False))
-                staged.set_result(stages)
+                staged.set_result(self.stage(checkpoint, skip_ignored=False))
             except BaseException as err:  # the upload jobs report it; the save itself is not concerned
                 staged.set_exception(err)
 
-        when_published(prepare)
-        jobs = [self.submit(lambda: self.upload_stage(staged.result()[0], message, ignore=IGNORE_PATTERNS),
-                            checkpoint)]
+        def push_model() -> Any:
+            frozen = staged.result()
+            try:
+                copy_model_files(str(frozen), self.args.output_dir)
+                save_extras()
+            finally:
+                if not with_folder:
+                    _remove_stage(frozen)
+            return self.upload_stage(self.stage(self.args.output_dir, skip_ignored=True), message,
+                                     ignore=IGNORE_PATTERNS)
+
+        when_published(snapshot)
+        jobs = [self.submit(push_model, checkpoint)]
         if with_folder:
             where = "last-checkpoint" if strategy == HubStrategy.CHECKPOINT else Path(checkpoint).name
             jobs.append(self.submit(
-                lambda: self.upload_stage(staged.result()[1], f"{message}, checkpoint", path_in_repo=where),
+                lambda: self.upload_stage(staged.result(), f"{message}, checkpoint", path_in_repo=where),
                 f"{checkpoint} (the folder)",
             ))
         return jobs
@@ -190,6 +195,12 @@ def copy_model_files(checkpoint: str, output_dir: str) -> None:
             target = os.path.join(output_dir, name)
             shutil.copyfile(source, target + ".tmp")
             os.replace(target + ".tmp", target)
+
+
+def _remove_stage(stage: Path) -> None:
+    shutil.rmtree(stage, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        stage.parent.rmdir()  # only once no other snapshot waits in it
 
 
 def _ignored(name: str) -> bool:
