@@ -45,9 +45,8 @@ from trainwell.events.flow import DefaultFlowCallback
 from trainwell.events.handler import CallbackHandler
 from trainwell.events.progress import ProgressCallback
 from trainwell.integrations import hub
-from trainwell.loop import boundary, evaluation
+from trainwell.loop import boundary, evaluation, losses
 from trainwell.loop.fit import FitLoop
-from trainwell.loop.losses import label_smoothed_loss, logits_of
 from trainwell.loop.plan import StepPlan, build_plan
 from trainwell.optim.schedulers import steps_on_metrics
 from trainwell.outputs import EvalLoopOutput, PredictionOutput, TrainOutput
@@ -313,22 +312,7 @@ class Trainer:
         ``num_items_in_batch`` (the accumulation window's loss items) goes to a model that accepts it and to
         ``compute_loss_func``; the caller's ``inputs`` are never modified.
         """
-        labels = None
-        if (self.label_smoother is not None or self.compute_loss_func is not None) and "labels" in inputs:
-            inputs = dict(inputs)
-            labels = inputs.pop("labels")
-        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
-            inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
-        outputs = model_utils.call_forward(model, inputs)
-        if self.compute_loss_func is not None:
-            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-        elif labels is not None:
-            loss = label_smoothed_loss(logits_of(outputs), labels, self.label_smoother,
-                                       shift_labels=self.model_info.shifts_labels,
-                                       num_items_in_batch=num_items_in_batch)
-        else:
-            loss = model_utils.extract_loss(outputs)
-        return (loss, outputs) if return_outputs else loss
+        return losses.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
 
     def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
         """The context of the forward pass: ``autocast_smart_context_manager``'s."""

@@ -1,4 +1,4 @@
-"""Loss functions the Trainer applies itself (label smoothing), as plain functions of tensors."""
+"""Loss functions the Trainer applies itself (label smoothing) and the body of ``Trainer.compute_loss``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from trainwell.utils import model as model_utils
 
 
 def logits_of(outputs: Any) -> torch.Tensor:
@@ -61,3 +63,27 @@ class LabelSmoother:
     def __call__(self, model_output: Any, labels: torch.Tensor, shift_labels: bool = False) -> torch.Tensor:
         return label_smoothed_loss(logits_of(model_output), labels, self.epsilon, shift_labels=shift_labels,
                                    ignore_index=self.ignore_index)
+
+
+def compute_loss(trainer: Any, model: torch.nn.Module, inputs: Mapping[str, Any], return_outputs: bool,
+                 num_items_in_batch: torch.Tensor | int | None) -> Any:
+    """``Trainer.compute_loss``: ``compute_loss_func``, label smoothing, or the model's own loss.
+
+    ``num_items_in_batch`` goes to a model that accepts it and to ``compute_loss_func``; ``inputs`` is never
+    modified (a copy is made when labels are taken out or a keyword is added).
+    """
+    labels = None
+    if (trainer.label_smoother is not None or trainer.compute_loss_func is not None) and "labels" in inputs:
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+    if trainer.model_accepts_loss_kwargs and num_items_in_batch is not None:
+        inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
+    outputs = model_utils.call_forward(model, inputs)
+    if trainer.compute_loss_func is not None:
+        loss = trainer.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+    elif labels is not None:
+        loss = label_smoothed_loss(logits_of(outputs), labels, trainer.label_smoother,
+                                   shift_labels=trainer.model_info.shifts_labels, num_items_in_batch=num_items_in_batch)
+    else:
+        loss = model_utils.extract_loss(outputs)
+    return (loss, outputs) if return_outputs else loss
