@@ -25,7 +25,9 @@ def _offered():
     yield from (("data.data_collator", name) for name in collator.__all__ if name != "pad_features")
     for name in ("TensorBoardCallback", "MLflowCallback", "WandbCallback", "TrackioCallback",
                  "get_reporting_integration_callbacks", "is_tensorboard_available", "is_mlflow_available",
-                 "is_wandb_available", "is_trackio_available", "is_deepspeed_available", "is_deepspeed_zero3_enabled"):
+                 "is_wandb_available", "is_trackio_available", "is_deepspeed_available", "is_deepspeed_zero3_enabled",
+                 "is_optuna_available", "is_ray_available", "is_ray_tune_available", "hp_params",
+                 "run_hp_search_optuna"):
         yield "integrations", name
     yield "trainer_seq2seq", "Seq2SeqTrainer"
     yield "training_args_seq2seq", "Seq2SeqTrainingArguments"

@@ -205,14 +205,14 @@ class TrainerState:
         current_trial = getattr(trainer, "_trial", None)
         if hp_name is not None and current_trial is not None:
             self.trial_name = hp_name(current_trial)
-        self.trial_params = None if trial is None else _trial_params(trial)
+        self.trial_params = None if trial is None else trial_params(trial)
         self.max_steps = max_steps
         self.num_train_epochs = num_train_epochs
         self.is_local_process_zero = bool(trainer.is_local_process_zero())
         self.is_world_process_zero = bool(trainer.is_world_process_zero())
 
 
-def _trial_params(trial: Any) -> dict[str, Any]:
+def trial_params(trial: Any) -> dict[str, Any]:
     """The hyperparameters of a search trial: a dict (ray, wandb) or an object with ``params`` (optuna)."""
     if isinstance(trial, dict):
         return dict(trial)

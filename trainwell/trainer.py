@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwell import wiring
+from trainwell import search, wiring
 from trainwell.backend.runtime import Runtime, to_device
 from trainwell.checkpoint import contents
 from trainwell.checkpoint.contents import Phase
@@ -49,7 +49,7 @@ from trainwell.loop import boundary, evaluation, losses
 from trainwell.loop.fit import FitLoop
 from trainwell.loop.plan import StepPlan, build_plan
 from trainwell.optim.schedulers import steps_on_metrics
-from trainwell.outputs import EvalLoopOutput, PredictionOutput, TrainOutput
+from trainwell.outputs import BestRun, EvalLoopOutput, PredictionOutput, TrainOutput
 from trainwell.state import TrainerControl, TrainerState
 from trainwell.training_args import TrainingArguments
 from trainwell.utils import metrics as metric_utils
@@ -185,6 +185,7 @@ class Trainer:
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
         self.is_in_train = True
+        self._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
         if self.model_init is not None:
             self._seed()
             self._set_model(wiring.build_model(None, self.model_init, lambda: self.call_model_init(trial),
@@ -360,7 +361,9 @@ class Trainer:
                                          learning_rate)
 
     def _evaluate(self, trial: Any, ignore_keys_for_eval: Any, skip_scheduler: bool = False) -> dict[str, float]:
-        return boundary.evaluate_in_training(self, ignore_keys_for_eval, skip_scheduler)
+        metrics = boundary.evaluate_in_training(self, ignore_keys_for_eval, skip_scheduler)
+        self._report_to_hp_search(trial, self.state.global_step, metrics)
+        return metrics
 
     def _determine_best_metric(self, metrics: dict[str, float], trial: Any = None) -> bool:
         """Update ``best_metric``/``best_global_step``; True when this evaluation is the best so far."""
@@ -446,7 +449,8 @@ class Trainer:
             self._push_from_checkpoint(str(folder))
 
     def _get_output_dir(self, trial: Any) -> str:
-        return self.args.output_dir
+        name = search.run_name(self, trial)  # a search trial's folder under output_dir
+        return self.args.output_dir if name is None else os.path.join(self.args.output_dir, name)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Write the model (safetensors), processing class and training args to ``output_dir``.
@@ -533,8 +537,21 @@ class Trainer:
                           finetuned_from=finetuned_from, tasks=tasks, dataset_tags=dataset_tags, dataset=dataset,
                           dataset_args=dataset_args)
 
-    def hyperparameter_search(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("Trainer.hyperparameter_search is not implemented in trainwell yet.")
+    def hyperparameter_search(
+        self, hp_space: Callable[[Any], dict[str, Any]] | None = None,
+        compute_objective: Callable[[dict[str, float]], float] | None = None, n_trials: int = 20,
+        direction: str | list[str] = "minimize", backend: str | None = None,
+        hp_name: Callable[[Any], str] | None = None, **kwargs: Any,
+    ) -> BestRun | list[BestRun]:
+        """Search hyperparameters with Optuna or Ray Tune (needs ``model_init``); see docs/search.md."""
+        return search.search(self, hp_space, compute_objective, n_trials, direction, backend, hp_name, kwargs)
+
+    def _hp_search_setup(self, trial: Any) -> None:
+        self._trial = trial
+        search.apply_trial(self, trial)
+
+    def _report_to_hp_search(self, trial: Any, step: int, metrics: dict[str, float]) -> None:
+        search.report(self, trial, step, metrics)
 
     # ------------------------------------------------------------------------------------------ the Hub
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:

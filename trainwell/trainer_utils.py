@@ -17,6 +17,8 @@ _EXPORTS: dict[str, str] = {
     "get_last_checkpoint": "trainwell.checkpoint.resume",
     "has_length": "trainwell.data.loaders",
     "find_executable_batch_size": "trainwell.utils.batch_size",
+    **dict.fromkeys(["HPSearchBackend", "default_compute_objective", "default_hp_space_optuna",
+                     "default_hp_space_ray"], "trainwell.search"),
 }
 
 __all__ = sorted(_EXPORTS)

@@ -13,6 +13,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+from trainwell.search import is_optuna_available, is_ray_available, is_ray_tune_available  # noqa: F401
 from trainwell.utils.errors import did_you_mean
 from trainwell.utils.lazy import lazy_exports
 
@@ -101,6 +102,20 @@ def is_deepspeed_zero3_enabled() -> bool:
     from trainwell.backend.deepspeed import active_zero_stage
 
     return active_zero_stage() == 3
+
+
+def hp_params(trial: Any) -> dict[str, Any]:
+    """The hyperparameters of a search trial (an Optuna trial's ``params``, or Ray Tune's config dict)."""
+    from trainwell.state import trial_params
+
+    return trial_params(trial)
+
+
+def run_hp_search_optuna(trainer: Any, n_trials: int, direction: str | list[str], **kwargs: Any) -> Any:
+    """Run an Optuna search with the search settings already on ``trainer`` (``hyperparameter_search`` does this)."""
+    from trainwell.search import optuna_backend
+
+    return optuna_backend.run(trainer, n_trials, direction, **kwargs)
 
 
 # ``from trainwell.integrations import TensorBoardCallback`` (the reference's import path), loaded on first use
