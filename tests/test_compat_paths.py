@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-PATHS = ["trainer_utils", "trainer_callback", "trainer_pt_utils", "optimization", "hf_argparser"]
+PATHS = ["trainer_utils", "trainer_callback", "trainer_pt_utils", "optimization", "hf_argparser", "debug_utils"]
 NEEDS_REFERENCE = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                      reason="transformers is not installed")
 

@@ -18,6 +18,7 @@ object, so a subclass that overrides any of them (as subclasses of the reference
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwell import search, wiring
+from trainwell import search, techniques, wiring
 from trainwell.backend.runtime import Runtime, to_device
 from trainwell.checkpoint import contents
 from trainwell.checkpoint.contents import Phase
@@ -51,6 +52,7 @@ from trainwell.loop.plan import StepPlan, build_plan
 from trainwell.optim.schedulers import steps_on_metrics
 from trainwell.outputs import BestRun, EvalLoopOutput, PredictionOutput, TrainOutput
 from trainwell.state import TrainerControl, TrainerState
+from trainwell.techniques.memory import MemoryTracker
 from trainwell.training_args import TrainingArguments
 from trainwell.utils import metrics as metric_utils
 from trainwell.utils import model as model_utils
@@ -91,6 +93,8 @@ class Trainer:
         preprocess_logits_for_metrics: Callable | None = None,
     ) -> None:
         self.args = args = args if args is not None else TrainingArguments(output_dir="tmp_trainer")
+        self._memory_tracker = MemoryTracker(args.skip_memory_metrics)
+        self._memory_tracker.start("init")
         self._seed()
         self.runtime = Runtime(args)
         self.precision = self.runtime.precision
@@ -125,19 +129,15 @@ class Trainer:
         self.training_run = None
         # decided once, not per micro-batch: an override may predate the reference's num_items_in_batch
         self._loss_takes_items = model_utils.accepts_keyword(self.compute_loss, "num_items_in_batch")
-        # the reference's public attributes that library subclasses read (TRL, sentence-transformers, ...)
-        self.is_deepspeed_enabled, self.is_fsdp_enabled = self.runtime.uses_deepspeed, self.runtime.shards_model
-        self.place_model_on_device = not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
-        self.is_model_parallel, self.deepspeed, self.hp_name = False, None, None
-        self.neftune_noise_alpha = args.neftune_noise_alpha
-        self.hub_model_id, self.push_in_progress, self._hub = None, None, None  # set by init_hf_repo
+        wiring.set_reference_attributes(self)
+        self._hub = None  # the Hub uploader, set by init_hf_repo
         if args.push_to_hub:
             self.init_hf_repo()
-        self.gather_function = self.accelerator.gather_for_metrics
         self.control = self.callback_handler.on_init_end(args, self.state, TrainerControl())
         config = getattr(self.model, "config", None)
         if config is not None and hasattr(config, "use_cache"):
             config.use_cache = args.use_cache
+        self._memory_tracker.stop("init")
 
     def _seed(self) -> None:
         seed = enable_full_determinism if self.args.full_determinism else set_seed
@@ -184,24 +184,28 @@ class Trainer:
         """Train the model; ``resume_from_checkpoint`` is a checkpoint path, or True for the newest complete one."""
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
+        self._memory_tracker.start("train")
         self.is_in_train = True
-        self._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
-        if self.model_init is not None:
-            self._seed()
-            self._set_model(wiring.build_model(None, self.model_init, lambda: self.call_model_init(trial),
-                                               self.runtime.device))
-            self.optimizer, self.lr_scheduler = None, None
-        if self._created_lr_scheduler:
-            self.lr_scheduler = None  # built for the previous call's length: build it again for this one
-        if self.args.activation_checkpointing:
-            wiring.enable_activation_checkpointing(self.model, self.args.activation_checkpointing_kwargs)
         try:
-            resume = Resume.find(resume_from_checkpoint, self.args.output_dir)
-            if resume is not None:
-                resume.restore(self, Phase.WEIGHTS)
-            output = FitLoop(self, resume, trial, ignore_keys_for_eval).run()
+            self._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
+            if self.model_init is not None:
+                self._seed()
+                self._set_model(wiring.build_model(None, self.model_init, lambda: self.call_model_init(trial),
+                                                   self.runtime.device))
+                self.optimizer, self.lr_scheduler = None, None
+            if self._created_lr_scheduler:
+                self.lr_scheduler = None  # built for the previous call's length: build it again for this one
+            if self.args.activation_checkpointing:
+                wiring.enable_activation_checkpointing(self.model, self.args.activation_checkpointing_kwargs)
+            with techniques.during_training(self):
+                resume = Resume.find(resume_from_checkpoint, self.args.output_dir)
+                if resume is not None:
+                    resume.restore(self, Phase.WEIGHTS)
+                add_memory = functools.partial(self._memory_tracker.stop, "train")
+                output = FitLoop(self, resume, trial, ignore_keys_for_eval, add_memory).run()
         finally:
             self.is_in_train = False
+            self._memory_tracker.stop("train")  # after a failure (a finished run has stopped it already)
             interrupted = wiring.end_preemption(self.callback_handler)
         if interrupted:  # Ctrl-C with enable_jit_checkpoint: the checkpoint is saved, now stop as Ctrl-C would
             raise KeyboardInterrupt
@@ -386,13 +390,17 @@ class Trainer:
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
     ) -> dict[str, float]:
         """Evaluate and return metrics prefixed ``{metric_key_prefix}_``; a dict of datasets evaluates each."""
-        return evaluation.evaluate(self, eval_dataset, ignore_keys, metric_key_prefix)
+        with self._memory_tracker.track("eval") as add_memory:
+            return add_memory(evaluation.evaluate(self, eval_dataset, ignore_keys, metric_key_prefix))
 
     def predict(
         self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
     ) -> PredictionOutput:
         """Predictions (in dataset order), label ids when present, and ``test_`` metrics."""
-        return evaluation.predict(self, test_dataset, ignore_keys, metric_key_prefix)
+        with self._memory_tracker.track("test") as add_memory:
+            output = evaluation.predict(self, test_dataset, ignore_keys, metric_key_prefix)
+            add_memory(output.metrics)
+            return output
 
     def evaluation_loop(
         self,

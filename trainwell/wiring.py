@@ -213,3 +213,14 @@ def end_preemption(handler: Any) -> bool:
         return False
     callback.uninstall()
     return callback.interrupted
+
+
+def set_reference_attributes(trainer: Any) -> None:
+    """The reference's public Trainer attributes that library subclasses read (TRL, sentence-transformers, ...)."""
+    runtime = trainer.runtime
+    trainer.is_deepspeed_enabled, trainer.is_fsdp_enabled = runtime.uses_deepspeed, runtime.shards_model
+    trainer.place_model_on_device = not (trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled)
+    trainer.is_model_parallel, trainer.deepspeed, trainer.hp_name = False, None, None
+    trainer.neftune_noise_alpha = trainer.args.neftune_noise_alpha
+    trainer.hub_model_id, trainer.push_in_progress = None, None  # set by init_hf_repo
+    trainer.gather_function = runtime.accelerator.gather_for_metrics

@@ -14,16 +14,11 @@ from typing import Any
 # (or, for the entries in _ALLOWED_VALUES, to a value outside the supported ones).
 UNSUPPORTED: dict[str, str] = {
     "parallelism_config": "tensor/context/sequence parallelism is not supported",
-    "use_liger_kernel": "Liger kernels are not supported",
-    "liger_kernel_config": "Liger kernels are not supported",
-    "neftune_noise_alpha": "NEFTune noise is not implemented yet",
     "auto_find_batch_size": "automatic batch-size search is not implemented yet",
-    "debug": "debug options (underflow_overflow, tpu_metrics_debug) are not implemented",
 }
 
 # Fields where some values are supported and others are not yet.
 _ALLOWED_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
-    "skip_memory_metrics": ((True,), "memory metrics (*_mem_cpu_*, *_mem_gpu_*) are not implemented yet"),
     "train_sampling_strategy": (
         ("random", "sequential", "group_by_length"),
         "'batch_rebalance' sampling is not implemented yet",
@@ -46,6 +41,7 @@ def check_supported(args: Any, defaults: dict[str, Any]) -> None:
             f"TrainingArguments.{name}={value!r} is not supported by trainwell yet ({why}). "
             f"Leave {name} at its default ({defaults.get(name)!r}) to train without it."
         )
+    _check_debug(args)
     for name, (allowed, why) in _ALLOWED_VALUES.items():
         if not hasattr(args, name):
             continue
@@ -56,6 +52,14 @@ def check_supported(args: Any, defaults: dict[str, Any]) -> None:
                 f"TrainingArguments.{name}={plain!r} is not supported by trainwell yet ({why}). "
                 f"Use one of {', '.join(repr(a) for a in allowed)}."
             )
+
+
+def _check_debug(args: Any) -> None:
+    if "tpu_metrics_debug" in (getattr(args, "debug", None) or []):
+        raise NotImplementedError(
+            "TrainingArguments.debug='tpu_metrics_debug' is not supported by trainwell: it reports XLA metrics of a "
+            "TPU run, and trainwell runs on CPUs and GPUs. Use debug='underflow_overflow', or leave debug empty."
+        )
 
 
 def _is_default(value: Any, default: Any) -> bool:

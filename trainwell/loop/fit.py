@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainwell.checkpoint.contents import Phase
@@ -57,8 +58,10 @@ def _announce(hooks: TrainerHooks, plan: StepPlan, resume: Resume | None) -> Non
 class FitLoop:
     """One ``train()`` call. Created by the Trainer, used once."""
 
-    def __init__(self, hooks: TrainerHooks, resume: Resume | None, trial: Any, ignore_keys: Any) -> None:
+    def __init__(self, hooks: TrainerHooks, resume: Resume | None, trial: Any, ignore_keys: Any,
+                 add_memory: Callable[[dict[str, float]], None] | None = None) -> None:
         self.hooks, self.resume, self.trial, self.ignore_keys = hooks, resume, trial, ignore_keys
+        self.add_memory = add_memory  # ends the train stage's memory tracking, adding its metrics to a dict
         self.args = hooks.args
 
     def run(self) -> TrainOutput:
@@ -198,6 +201,8 @@ class FitLoop:
             metrics["epoch"] = state.epoch  # the reference's TrainOutput.metrics carries it too
         if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
             hooks._load_best_model()
+        if self.add_memory is not None:
+            self.add_memory(metrics)  # train_mem_* (and init_mem_*) are logged with the train metrics
         hooks.log(metrics)
         if self.args.should_save and self.args.save_total_limit == 1 and state.best_model_checkpoint is not None:
             keep_only_best(hooks._get_output_dir(self.trial), state.best_model_checkpoint)
