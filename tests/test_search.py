@@ -172,3 +172,36 @@ def test_default_objective_is_the_reference_one():
     assert default_compute_objective({"eval_loss": 0.5, "epoch": 1.0, "eval_runtime": 2.0}) == 0.5
     assert default_compute_objective({"eval_loss": 0.5, "eval_acc": 0.75, "eval_f1": 0.25,
                                       "eval_samples_per_second": 9.0}) == 1.0
+
+
+def test_ray_tune_finds_the_better_learning_rate(tmp_path):
+    ray = pytest.importorskip("ray")
+    tune = pytest.importorskip("ray.tune")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        trainer = _trainer(tmp_path / "out")
+        best = trainer.hyperparameter_search(
+            hp_space=lambda _: {"learning_rate": tune.grid_search([1e-5, 0.1])}, n_trials=1, backend="ray",
+            storage_path=str(tmp_path / "ray"), verbose=0,
+        )
+    finally:
+        ray.shutdown()
+    assert best.hyperparameters == {"learning_rate": 0.1}
+    results = best.run_summary.results  # Ray's ExperimentAnalysis, as in the reference
+    objectives = sorted(result["objective"] for result in results.values())
+    assert best.objective == objectives[0] < objectives[1] / 2
+    # each trial trained as a normal run in its own folder, and reported at each evaluation with a checkpoint
+    assert sorted(os.listdir(tmp_path / "out" / f"run-{best.run_id}")) == [
+        "checkpoint-10", "checkpoint-20", "checkpoint-30"]
+    assert trainer.model is not None and trainer.hp_search_backend is None  # the Trainer is whole again
+
+
+def test_ray_errors_name_the_fix(tmp_path):
+    pytest.importorskip("ray.tune")
+    from ray.tune.schedulers import ASHAScheduler
+
+    trainer = _trainer(tmp_path, eval_strategy="no")
+    with pytest.raises(RuntimeError, match="ASHAScheduler.*eval_strategy='steps'"):
+        trainer.hyperparameter_search(backend="ray", scheduler=ASHAScheduler(metric="objective", mode="min"))
+    with pytest.raises(ValueError, match="Ray Tune optimizes one objective"):
+        trainer.hyperparameter_search(backend="ray", direction=["minimize", "maximize"])

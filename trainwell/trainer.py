@@ -561,6 +561,9 @@ class Trainer:
     def _report_to_hp_search(self, trial: Any, step: int, metrics: dict[str, float]) -> None:
         search.report(self, trial, step, metrics)
 
+    def _tune_save_checkpoint(self, checkpoint_dir: str) -> None:
+        contents.write_checkpoint_into(self, os.path.join(checkpoint_dir, f"checkpoint-{self.state.global_step}"))
+
     # ------------------------------------------------------------------------------------------ the Hub
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Create (or find) the Hub repository ``hub_model_id`` (default: output_dir's name); main process only."""

@@ -183,6 +183,16 @@ def save_checkpoint(trainer: TrainerHooks, run_dir: str) -> Path:
     return final
 
 
+def write_checkpoint_into(trainer: TrainerHooks, folder: str) -> None:
+    """A complete checkpoint written straight into ``folder``, without publishing, rotation or best-model
+    bookkeeping: a copy handed to another tool (Ray Tune's trial checkpoints)."""
+    os.makedirs(folder, exist_ok=True)
+    _write_pieces(trainer, folder)
+    if trainer.args.should_save:
+        trainer.state.record_callback_states(trainer.callback_handler.callbacks + [trainer.control])
+        trainer.state.save_to_json(os.path.join(folder, TRAINER_STATE_NAME))
+
+
 def _write_pieces(trainer: TrainerHooks, tmp: str) -> None:
     """The synchronous save: the saving methods of ``CONTENTS``, in table order (nothing left to run later)."""
     for method in saving_methods(trainer.args.save_only_model):
