@@ -201,7 +201,7 @@ def test_ray_errors_name_the_fix(tmp_path):
     from ray.tune.schedulers import ASHAScheduler
 
     trainer = _trainer(tmp_path, eval_strategy="no")
-    with pytest.raises(RuntimeError, match="ASHAScheduler.*eval_strategy='steps'"):
+    with pytest.raises(RuntimeError, match="Scheduler.*eval_strategy='steps'"):
         trainer.hyperparameter_search(backend="ray", scheduler=ASHAScheduler(metric="objective", mode="min"))
     with pytest.raises(ValueError, match="Ray Tune optimizes one objective"):
         trainer.hyperparameter_search(backend="ray", direction=["minimize", "maximize"])

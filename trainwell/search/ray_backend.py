@@ -17,9 +17,6 @@ from typing import Any
 
 from trainwell.outputs import PREFIX_CHECKPOINT_DIR, BestRun
 
-# Schedulers that act on intermediate reports: without evaluation during training they would have none.
-_NEED_REPORTS = ("ASHAScheduler", "MedianStoppingRule", "HyperBandForBOHB", "PopulationBasedTraining")
-
 
 def run(trainer: Any, n_trials: int, direction: str | list[str], **kwargs: Any) -> BestRun:
     import ray.tune
@@ -91,7 +88,10 @@ def run_name(trainer: Any, trial: Any) -> str:
 
 
 def _check_scheduler(trainer: Any, scheduler: Any) -> None:
-    if scheduler is None or type(scheduler).__name__ not in _NEED_REPORTS:
+    """Schedulers that act on intermediate reports have none to act on without evaluation during training."""
+    from ray.tune.schedulers import ASHAScheduler, HyperBandForBOHB, MedianStoppingRule, PopulationBasedTraining
+
+    if not isinstance(scheduler, (ASHAScheduler, MedianStoppingRule, HyperBandForBOHB, PopulationBasedTraining)):
         return
     if str(getattr(trainer.args.eval_strategy, "value", trainer.args.eval_strategy)) == "no":
         raise RuntimeError(
