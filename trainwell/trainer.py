@@ -52,6 +52,7 @@ from trainwell.loop.plan import StepPlan, build_plan
 from trainwell.optim.schedulers import steps_on_metrics
 from trainwell.outputs import BestRun, EvalLoopOutput, PredictionOutput, TrainOutput
 from trainwell.state import TrainerControl, TrainerState
+from trainwell.techniques import batch_size
 from trainwell.techniques.memory import MemoryTracker
 from trainwell.training_args import TrainingArguments
 from trainwell.utils import metrics as metric_utils
@@ -188,21 +189,11 @@ class Trainer:
         self.is_in_train = True
         try:
             self._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
-            if self.model_init is not None:
-                self._seed()
-                self._set_model(wiring.build_model(None, self.model_init, lambda: self.call_model_init(trial),
-                                                   self.runtime.device))
-                self.optimizer, self.lr_scheduler = None, None
-            if self._created_lr_scheduler:
-                self.lr_scheduler = None  # built for the previous call's length: build it again for this one
-            if self.args.activation_checkpointing:
-                wiring.enable_activation_checkpointing(self.model, self.args.activation_checkpointing_kwargs)
-            with techniques.during_training(self):
-                resume = Resume.find(resume_from_checkpoint, self.args.output_dir)
-                if resume is not None:
-                    resume.restore(self, Phase.WEIGHTS)
-                add_memory = functools.partial(self._memory_tracker.stop, "train")
-                output = FitLoop(self, resume, trial, ignore_keys_for_eval, add_memory).run()
+            attempt = functools.partial(self._train_attempt, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
+            if self.args.auto_find_batch_size:  # attempts with smaller micro-batches after out-of-memory errors
+                output = batch_size.train_with_batch_search(self, attempt, resume_from_checkpoint)
+            else:
+                output = attempt(resume_from_checkpoint)
         finally:
             self.is_in_train = False
             self._memory_tracker.stop("train")  # after a failure (a finished run has stopped it already)
@@ -210,6 +201,24 @@ class Trainer:
         if interrupted:  # Ctrl-C with enable_jit_checkpoint: the checkpoint is saved, now stop as Ctrl-C would
             raise KeyboardInterrupt
         return output
+
+    def _train_attempt(self, resume_from_checkpoint: str | bool | None, trial: Any,
+                       ignore_keys_for_eval: list[str] | None) -> TrainOutput:
+        if self.model_init is not None:
+            self._seed()
+            self._set_model(wiring.build_model(None, self.model_init, lambda: self.call_model_init(trial),
+                                               self.runtime.device))
+            self.optimizer, self.lr_scheduler = None, None
+        if self._created_lr_scheduler:
+            self.lr_scheduler = None  # built for the previous call's length: build it again for this one
+        if self.args.activation_checkpointing:
+            wiring.enable_activation_checkpointing(self.model, self.args.activation_checkpointing_kwargs)
+        with techniques.during_training(self):
+            resume = Resume.find(resume_from_checkpoint, self.args.output_dir)
+            if resume is not None:
+                resume.restore(self, Phase.WEIGHTS)
+            add_memory = functools.partial(self._memory_tracker.stop, "train")
+            return FitLoop(self, resume, trial, ignore_keys_for_eval, add_memory).run()
 
     def set_initial_training_values(self, args: TrainingArguments, dataloader: Any) -> StepPlan:
         """The run's step arithmetic; unpacks as the reference's 7-tuple (see ``trainwell.loop.plan``)."""
@@ -541,9 +550,7 @@ class Trainer:
         """Write a ``README.md`` model card into ``output_dir`` from this run (main process only; no Hub needed)."""
         from trainwell.report.model_card import create_model_card
 
-        create_model_card(self, language=language, license=license, tags=tags, model_name=model_name,
-                          finetuned_from=finetuned_from, tasks=tasks, dataset_tags=dataset_tags, dataset=dataset,
-                          dataset_args=dataset_args)
+        create_model_card(self, **{k: v for k, v in locals().items() if k not in ("self", "create_model_card")})
 
     def hyperparameter_search(
         self, hp_space: Callable[[Any], dict[str, Any]] | None = None,
@@ -567,12 +574,9 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ the Hub
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Create (or find) the Hub repository ``hub_model_id`` (default: output_dir's name); main process only."""
-        if not self.is_world_process_zero():
-            return
-        token = token if token is not None else self.args.hub_token
-        private = private if private is not None else self.args.hub_private_repo
-        self.hub_model_id = hub.create_repo(self.args, token, private)
-        self.push_in_progress, self._hub = None, hub.HubPusher(self.args, self.hub_model_id)
+        if self.is_world_process_zero():
+            self.hub_model_id, self._hub = hub.init_repo(self.args, token, private)
+            self.push_in_progress = None
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, private: bool | None = None,

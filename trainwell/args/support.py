@@ -14,7 +14,6 @@ from typing import Any
 # (or, for the entries in _ALLOWED_VALUES, to a value outside the supported ones).
 UNSUPPORTED: dict[str, str] = {
     "parallelism_config": "tensor/context/sequence parallelism is not supported",
-    "auto_find_batch_size": "automatic batch-size search is not implemented yet",
 }
 
 # Fields where some values are supported and others are not yet.

@@ -83,6 +83,15 @@ def create_repo(args: Any, token: str | None, private: bool | None) -> str:
     return url.repo_id
 
 
+def init_repo(args: Any, token: str | None, private: bool | None) -> tuple[str, HubPusher]:
+    """``Trainer.init_hf_repo``: the repository's id and the run's uploader (``hub_token`` and
+    ``hub_private_repo`` unless given)."""
+    token = token if token is not None else args.hub_token
+    private = private if private is not None else args.hub_private_repo
+    repo_id = create_repo(args, token, private)
+    return repo_id, HubPusher(args, repo_id)
+
+
 def commit_message(args: Any, state: Any) -> str:
     if args.save_strategy == "steps" or getattr(args.save_strategy, "value", None) == "steps":
         return f"Training in progress, step {state.global_step}"

@@ -16,6 +16,7 @@ import torch
 
 from trainwell.events.monitor import greater_is_better, is_improvement, metric_key
 from trainwell.optim.schedulers import steps_on_metrics
+from trainwell.techniques import batch_size
 from trainwell.utils.metrics import speed_metrics
 
 if TYPE_CHECKING:
@@ -80,8 +81,13 @@ def gather_loss_sum(runtime: Any, value: Any) -> float:
 
 def evaluate_in_training(hooks: TrainerHooks, ignore_keys_for_eval: Any, skip_scheduler: bool) -> dict[str, float]:
     """``evaluate()`` during training; a metric-driven scheduler (plateau) then steps on the chosen metric."""
-    metrics = hooks.evaluate(ignore_keys=ignore_keys_for_eval)
     args = hooks.args
+    try:
+        metrics = hooks.evaluate(ignore_keys=ignore_keys_for_eval)
+    except RuntimeError as err:  # an evaluation that runs out of memory is no reason to shrink the training batch
+        if args.auto_find_batch_size and batch_size.is_out_of_memory(err):
+            raise batch_size.eval_out_of_memory(err) from err
+        raise
     if steps_on_metrics(hooks.lr_scheduler) and not skip_scheduler and args.metric_for_best_model:
         hooks.lr_scheduler.step(_metric(metrics, metric_key(args)))
     return metrics

@@ -1,0 +1,129 @@
+"""``auto_find_batch_size``: on an out-of-memory error, train again with a smaller micro-batch.
+
+Owns recognising an out-of-memory error (CUDA, MPS, the CPU allocator, HPU; ``torch.OutOfMemoryError``), the
+next micro-batch, and the retry around one ``train()``. Where the reference only shrinks the batch (by 10% at
+a time, so the optimization changes), trainwell keeps the global batch: the micro-batch becomes the largest
+divisor of the global batch at most half the previous one, and ``gradient_accumulation_steps`` grows to match,
+so the loss curve is the one that was asked for. The choice is logged, kept in ``trainer_state.json``
+(``train_batch_size``) and taken back by a resume.
+
+A retry starts over only while no optimizer step has changed the weights; an error later (a longer batch deep
+into an epoch) resumes from the run's last checkpoint of this ``train()`` call when there is one, and is
+otherwise raised with the size to pass. An out-of-memory error in an evaluation is never a reason to shrink the
+training batch: it is raised, naming ``per_device_eval_batch_size``.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_MESSAGES = (
+    "CUDA out of memory.", "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.", "DefaultCPUAllocator: can't allocate memory",
+    "MPS backend out of memory", "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed", "XPU out of memory.",
+)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says a device (or the host allocator) ran out of memory."""
+    if isinstance(error, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    return isinstance(error, RuntimeError) and len(error.args) == 1 and any(m in str(error.args[0]) for m in _MESSAGES)
+
+
+def smaller_micro_batch(micro_batch: int, global_batch: int) -> int | None:
+    """The largest divisor of ``global_batch`` at most half of ``micro_batch`` (None below 1)."""
+    for size in range(micro_batch // 2, 0, -1):
+        if global_batch % size == 0:
+            return size
+    return None
+
+
+def eval_out_of_memory(error: BaseException) -> RuntimeError:
+    """The error to raise for an out-of-memory evaluation during an ``auto_find_batch_size`` run."""
+    return RuntimeError(
+        "Evaluation ran out of memory during training. auto_find_batch_size only shrinks the training micro-batch: "
+        "lower per_device_eval_batch_size (or set eval_accumulation_steps) instead."
+    )
+
+
+def train_with_batch_search(trainer: Any, train_once: Callable[[str | bool | None], Any],
+                            resume_from_checkpoint: str | bool | None) -> Any:
+    """Run ``train_once(resume_from_checkpoint)``, shrinking the micro-batch after each out-of-memory error."""
+    if trainer.runtime.uses_deepspeed:
+        raise ValueError(
+            "auto_find_batch_size does not drive DeepSpeed (its micro-batch is fixed in the DeepSpeed config): set "
+            "train_micro_batch_size_per_gpu there, or leave auto_find_batch_size off."
+        )
+    args = trainer.args
+    restore_chosen_size(trainer, resume_from_checkpoint)
+    while True:
+        try:
+            return train_once(resume_from_checkpoint)
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            resume_from_checkpoint = _retry_point(trainer, error, resume_from_checkpoint)
+            micro, steps = trainer._train_batch_size, args.gradient_accumulation_steps
+            smaller = smaller_micro_batch(micro, micro * steps)
+            if smaller is None:
+                raise RuntimeError(
+                    "auto_find_batch_size: out of memory with a micro-batch of 1; the model does not fit at any batch "
+                    "size (try bf16, activation_checkpointing, or a smaller model)."
+                ) from error
+            _free_memory(trainer)
+            trainer._train_batch_size = smaller
+            args.gradient_accumulation_steps = micro * steps // smaller
+            logger.warning(
+                "auto_find_batch_size: out of memory with a micro-batch of %d; training again with %d x %d "
+                "accumulation steps (the global batch of %d is kept).", micro, smaller,
+                args.gradient_accumulation_steps, micro * steps,
+            )
+
+
+def restore_chosen_size(trainer: Any, resume_from_checkpoint: str | bool | None) -> None:
+    """On a resume, take back the micro-batch an earlier search chose (kept in the checkpoint's state)."""
+    if not resume_from_checkpoint:
+        return
+    from trainwell.checkpoint.resume import Resume
+    from trainwell.state import TrainerState
+
+    resume = Resume.find(resume_from_checkpoint, trainer.args.output_dir)
+    state = TrainerState.load_from_json(f"{resume.path}/trainer_state.json")
+    chosen, micro = state.train_batch_size, trainer._train_batch_size
+    if chosen and chosen < micro and (micro * trainer.args.gradient_accumulation_steps) % chosen == 0:
+        trainer.args.gradient_accumulation_steps = micro * trainer.args.gradient_accumulation_steps // chosen
+        trainer._train_batch_size = chosen
+        logger.info("auto_find_batch_size: resuming with the micro-batch of %d chosen before (x %d accumulation "
+                    "steps).", chosen, trainer.args.gradient_accumulation_steps)
+
+
+def _retry_point(trainer: Any, error: BaseException, resume_from_checkpoint: str | bool | None) -> Any:
+    """Where the next attempt starts: over (no step taken), or this call's newest checkpoint."""
+    from trainwell.checkpoint.resume import get_last_checkpoint
+
+    start = trainer.training_run.initial_global_step if trainer.training_run is not None else 0
+    if trainer.state.global_step <= start:
+        return resume_from_checkpoint  # no optimizer step changed the weights: the same start again
+    newest = get_last_checkpoint(trainer.args.output_dir)
+    if newest is not None and int(newest.rsplit("-", 1)[-1]) > start:
+        return newest
+    raise RuntimeError(
+        f"auto_find_batch_size: out of memory at step {trainer.state.global_step}, after the weights had changed "
+        "and with no checkpoint of this run to go back to. Resume from a checkpoint with a smaller "
+        "per_device_train_batch_size, or save more often (save_steps)."
+    ) from error
+
+
+def _free_memory(trainer: Any) -> None:
+    if trainer.optimizer is not None:
+        trainer.optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
