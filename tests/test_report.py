@@ -124,3 +124,24 @@ def test_not_a_trainer_state_is_a_clear_error(tmp_path):
     bad.write_text("{")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_run(bad)
+
+
+def test_a_search_folder_compares_its_trials(tmp_path, capsys):
+    from trainwell.cli import main
+
+    for trial, lr, losses in (("run-0", 0.1, [3.0, 1.0]), ("run-1", 1e-5, [3.0, 2.9])):
+        checkpoint = tmp_path / trial / "checkpoint-2"
+        checkpoint.mkdir(parents=True)
+        history = [{"step": i + 1, "epoch": 0.5 * (i + 1), "eval_loss": v} for i, v in enumerate(losses)]
+        state = {"global_step": 2, "max_steps": 2, "log_history": history, "trial_params": {"learning_rate": lr},
+                 "is_hyper_param_search": True}
+        (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "trial                   learning_rate=0.1" in out and "learning_rate=1e-05" in out
+    assert (tmp_path / "report" / "index.html").is_file()  # the comparison is written inside the search folder
+    assert main(["report", str(tmp_path)]) == 0  # its own report folder is not taken for a trial
+    with pytest.raises(FileNotFoundError):
+        from trainwell.report.history import expand_search_folders
+
+        expand_search_folders([str(tmp_path / "run-0" / "checkpoint-2" / "nothing")])

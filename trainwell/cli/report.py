@@ -1,7 +1,9 @@
 """``trainwell report RUN [RUN ...]``: plots and a summary from ``trainer_state.json`` files.
 
 One run: PNGs, ``index.html`` and ``summary.txt`` in ``RUN/report/`` (or ``--out``). Several runs: one
-comparison plot and page in ``--out`` (default ``./trainwell-comparison``). The work is done by
+comparison plot and page in ``--out`` (default ``./trainwell-comparison``). A hyperparameter search's
+``output_dir`` (no run of its own, one ``run-*`` folder per trial) compares its trials, in ``OUTPUT_DIR/report/``
+by default. The work is done by
 ``trainwell.report``; this module only parses and prints.
 """
 
@@ -18,12 +20,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from trainwell.report import write_comparison, write_report
+    import os
 
-    if len(ns.runs) == 1:
-        report = write_report(ns.runs[0], ns.out)
+    from trainwell.report import write_comparison, write_report
+    from trainwell.report.history import expand_search_folders
+
+    runs = expand_search_folders(ns.runs)
+    if len(runs) == 1:
+        report = write_report(runs[0], ns.out)
     else:
-        report = write_comparison(ns.runs, ns.out or "trainwell-comparison")
+        search = len(ns.runs) == 1  # one folder holding a search's trials: the comparison goes inside it
+        default = os.path.join(ns.runs[0], "report") if search else "trainwell-comparison"
+        report = write_comparison(runs, ns.out or default)
     print(report.text)
     if report.note:
         print(f"\nnote: {report.note}")

@@ -64,6 +64,33 @@ def find_state_file(path: str | os.PathLike[str]) -> Path:
     )
 
 
+def expand_search_folders(paths: list[str]) -> list[str]:
+    """Each path, or, for a folder with no run of its own whose subfolders are runs (a hyperparameter search's
+    ``output_dir`` with its ``run-*`` trials), those subfolders in name order."""
+    out: list[str] = []
+    for path in paths:
+        try:
+            find_state_file(path)
+            out.append(path)
+            continue
+        except FileNotFoundError:
+            if not Path(path).is_dir():
+                raise
+        trials = [str(sub) for sub in sorted(Path(path).iterdir()) if sub.is_dir() and _has_run(sub)]
+        if not trials:
+            find_state_file(path)  # raises, saying where it looked
+        out.extend(trials)
+    return out
+
+
+def _has_run(folder: Path) -> bool:
+    try:
+        find_state_file(folder)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -114,6 +141,9 @@ def summary(run: RunHistory) -> dict[str, Any]:
     state = run.state
     out: dict[str, Any] = {"run": run.name, "state file": run.state_path,
                            "steps": f"{state.get('global_step', '?')} / {state.get('max_steps', '?')}"}
+    if state.get("trial_params"):  # a hyperparameter-search trial: what it tried
+        out["trial"] = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                 for k, v in state["trial_params"].items())
     if state.get("epoch") is not None:
         out["epoch"] = round(float(state["epoch"]), 3)
     if "train_runtime" in run.final:
