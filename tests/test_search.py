@@ -205,3 +205,16 @@ def test_ray_errors_name_the_fix(tmp_path):
         trainer.hyperparameter_search(backend="ray", scheduler=ASHAScheduler(metric="objective", mode="min"))
     with pytest.raises(ValueError, match="Ray Tune optimizes one objective"):
         trainer.hyperparameter_search(backend="ray", direction=["minimize", "maximize"])
+
+
+def test_a_missing_backend_names_the_install(tmp_path, monkeypatch):
+    import trainwell.search as search
+
+    monkeypatch.setattr(search, "_installed", lambda module: False)
+    trainer = _trainer(tmp_path)
+    with pytest.raises(ImportError, match="pip install optuna"):
+        trainer.hyperparameter_search(backend="optuna")
+    with pytest.raises(ImportError, match=r"pip install 'ray\[tune\]'"):
+        trainer.hyperparameter_search(backend="ray")
+    with pytest.raises(RuntimeError, match=r"none is installed: pip install optuna \(or pip install 'ray\[tune\]'\)"):
+        trainer.hyperparameter_search()
