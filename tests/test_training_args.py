@@ -648,11 +648,10 @@ def test_alias_at_its_4x_default_is_dropped_silently(kwargs):
     assert args == make()
 
 
-def test_alias_targets_unsupported_field_still_refused():
+def test_alias_targets_and_batch_rebalance_are_accepted():
     with pytest.warns(FutureWarning):
         assert make(group_by_length=True).train_sampling_strategy == "group_by_length"
-    with pytest.raises(NotImplementedError, match="train_sampling_strategy"):
-        make(train_sampling_strategy="batch_rebalance")
+    assert make(train_sampling_strategy="batch_rebalance").train_sampling_strategy == "batch_rebalance"
 
 
 @pytest.mark.parametrize(
@@ -776,7 +775,6 @@ UNSUPPORTED_SAMPLES = {
     "trackio_static_space_id": "me/static",
     "skip_memory_metrics": False,
     "eval_do_concat_batches": False,
-    "train_sampling_strategy": "batch_rebalance",
 }
 
 

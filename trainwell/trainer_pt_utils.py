@@ -13,6 +13,7 @@ _EXPORTS: dict[str, str] = {
     "find_batch_size": "trainwell.loop.accumulation",
     "LabelSmoother": "trainwell.loop.losses",
     "LengthGroupedSampler": "trainwell.data.length_grouped",
+    "BatchRebalanceSampler": "trainwell.data.rebalance",
     "get_parameter_names": "trainwell.optim.param_groups",
     "AcceleratorConfig": "trainwell.training_args",
     "LayerWiseDummyOptimizer": "trainwell.optim.layerwise",

@@ -13,16 +13,12 @@ from typing import Any
 # field -> why it is not honoured yet. A field is only an error when set to something other than its default
 # (or, for the entries in _ALLOWED_VALUES, to a value outside the supported ones).
 UNSUPPORTED: dict[str, str] = {
-    "parallelism_config": "tensor/context/sequence parallelism is not supported",
+    "parallelism_config": "tensor/context/sequence parallelism (Accelerate's ParallelismConfig) is not wired in; "
+                          "data parallelism works through DDP, fsdp= and deepspeed=",
 }
 
-# Fields where some values are supported and others are not yet.
-_ALLOWED_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
-    "train_sampling_strategy": (
-        ("random", "sequential", "group_by_length"),
-        "'batch_rebalance' sampling is not implemented yet",
-    ),
-}
+# Fields where some values are supported and others are not (none today: the mechanism stays for the next).
+_ALLOWED_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {}
 
 
 def check_supported(args: Any, defaults: dict[str, Any]) -> None:

@@ -167,7 +167,10 @@ class Runtime:
                 # what Accelerate's loaders carry and scripts read: the batch over all processes
                 dataloader.total_batch_size = dataloader.batch_size
             return dataloader
-        return self.accelerator.prepare_data_loader(dataloader)
+        from trainwell.data.rebalance import keep_rank_batches
+
+        # a sampler that already yields this rank's micro-batches must not be sharded again (batch_rebalance)
+        return keep_rank_batches(self.accelerator.prepare_data_loader(dataloader), dataloader.batch_sampler)
 
     def compiled(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` compiled as training compiles it (one wrapper per model, kept), or ``model`` itself.

@@ -65,9 +65,10 @@ class LengthGroupedSampler(ResumableSampler):
         return {**super().state_dict(), "batch_size": self.batch_size}
 
 
-def sample_lengths(dataset: Any, length_column: str, input_name: str) -> list[int]:
+def sample_lengths(dataset: Any, length_column: str, input_name: str, strategy: str = "group_by_length") -> list[int]:
     """The length of every sample: the ``length_column`` column when the dataset has one, else
-    ``len(dataset[i][input_name])`` for each ``i`` (one pass, by index).
+    ``len(dataset[i][input_name])`` for each ``i`` (one pass, by index). ``strategy`` names the
+    ``train_sampling_strategy`` that needs them, in the error for a sample without a length.
     """
     columns = getattr(dataset, "column_names", None)
     if columns is not None and length_column in columns:
@@ -81,7 +82,7 @@ def sample_lengths(dataset: Any, length_column: str, input_name: str) -> list[in
         if not isinstance(item, Mapping) or input_name not in item:
             keys = list(item) if isinstance(item, Mapping) else type(item).__name__
             raise ValueError(
-                f"train_sampling_strategy='group_by_length' needs each sample's length: sample {i} has no "
+                f"train_sampling_strategy={strategy!r} needs each sample's length: sample {i} has no "
                 f"{input_name!r} (it has {keys}). Add a {length_column!r} column with the lengths, set "
                 "length_column_name to the column that holds them, or use train_sampling_strategy='random'."
             )

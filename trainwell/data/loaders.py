@@ -16,9 +16,10 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, SequentialSampler
 
 from trainwell.data.length_grouped import LengthGroupedSampler, sample_lengths
+from trainwell.data.rebalance import BatchRebalanceSampler, yields_rank_batches
 from trainwell.data.samplers import ResumableSampler
 from trainwell.data.sharding import (
     EvalShardBatchSampler,
@@ -121,8 +122,15 @@ def build_dataloader(
     train: bool,
     rank: int = 0,
 ) -> DataLoader:
-    """A ``DataLoader`` with the ``dataloader_*`` options of ``args`` applied."""
-    kwargs: dict[str, Any] = {"batch_size": batch_size, "collate_fn": collate_fn, **_worker_kwargs(args, rank)}
+    """A ``DataLoader`` with the ``dataloader_*`` options of ``args`` applied.
+
+    A sampler that yields whole micro-batches (``batch_rebalance``) becomes the loader's ``batch_sampler``: it
+    decides the batch sizes itself, so ``batch_size`` and ``dataloader_drop_last`` do not apply.
+    """
+    workers = _worker_kwargs(args, rank)
+    if yields_rank_batches(sampler) and not isinstance(dataset, IterableDataset):
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, **workers)
+    kwargs: dict[str, Any] = {"batch_size": batch_size, "collate_fn": collate_fn, **workers}
     if not isinstance(dataset, IterableDataset):
         kwargs["sampler"] = sampler
         kwargs["drop_last"] = args.dataloader_drop_last
@@ -149,23 +157,43 @@ def _worker_kwargs(args: Any, rank: int) -> dict[str, Any]:
     return kwargs
 
 
-def train_sampler(dataset: Dataset, args: Any, batch_size: int = 1, input_name: str = "input_ids") -> ResumableSampler:
+def train_sampler(dataset: Dataset, args: Any, batch_size: int = 1, input_name: str = "input_ids") -> Sampler:
     """The training order of ``train_sampling_strategy``, seeded by ``data_seed`` (or ``seed``) and the epoch.
 
-    ``group_by_length`` groups ``batch_size`` samples of similar length (lengths from the
-    ``length_column_name`` column, else from ``input_name``, computed here once).
+    ``group_by_length`` groups ``batch_size`` samples of similar length and ``batch_rebalance`` balances the
+    padded cost of micro-batches across processes (lengths from the ``length_column_name`` column, else from
+    ``input_name``, computed here once). ``batch_size`` is the samples of one optimizer step on one process
+    (``train_batch_size * gradient_accumulation_steps``).
     """
     strategy = getattr(args.train_sampling_strategy, "value", args.train_sampling_strategy)
     seed = args.data_seed if args.data_seed is not None else args.seed
     if strategy == "group_by_length":
         lengths = sample_lengths(dataset, args.length_column_name, input_name)
         return LengthGroupedSampler(lengths, batch_size, seed=seed)
+    if strategy == "batch_rebalance":
+        lengths = sample_lengths(dataset, args.length_column_name, input_name, strategy)
+        return rebalance_sampler(lengths, args, batch_size, seed)
     if strategy not in ("random", "sequential"):
         raise NotImplementedError(
-            f"train_sampling_strategy={strategy!r} is not supported by trainwell: use 'random', 'sequential' "
-            "or 'group_by_length'."
+            f"train_sampling_strategy={strategy!r} is not supported by trainwell: use 'random', 'sequential', "
+            "'group_by_length' or 'batch_rebalance'."
         )
     return ResumableSampler(len(dataset), shuffle=strategy != "sequential", seed=seed)
+
+
+def rebalance_sampler(lengths: Sequence[int], args: Any, batch_size: int, seed: int) -> BatchRebalanceSampler:
+    """The ``batch_rebalance`` sampler of this process: ``batch_size`` samples per step on each of the processes.
+
+    Built as the reference's Trainer builds it (one step is ``batch_size x world_size`` samples, the micro-batches
+    are dealt over ``world_size`` ranks and ``gradient_accumulation_steps`` slots), except for the seed: the
+    reference always uses 42 (its sampler's default), trainwell ``data_seed``/``seed`` like every other strategy.
+    The two agree under the default ``seed=42``.
+    """
+    world = max(1, args.world_size)
+    return BatchRebalanceSampler(
+        lengths, effective_batch_size=batch_size * world, dp_size=world, grad_accum=args.gradient_accumulation_steps,
+        seed=seed, rank=args.process_index if world > 1 else 0, drop_last=args.dataloader_drop_last,
+    )
 
 
 def eval_sampler(dataset: Dataset) -> SequentialSampler:

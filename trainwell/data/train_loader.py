@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from trainwell.checkpoint.rng import get_rng_state, set_rng_state
-from trainwell.data import loaders
+from trainwell.data import loaders, rebalance
 from trainwell.data.position import DataPosition
 
 _ATTACHED = "_trainwell_feed"  # the attribute of a loader that holds its feed
@@ -151,7 +151,9 @@ def build_train_feed(
     if position is not None and type(prepared).__name__ == "DataLoaderDispatcher":
         # the main process reads one batch per process for each batch it hands out, unless it splits one
         position.reads_per_batch = 1 if prepared.split_batches else runtime.num_processes
-    feed = TrainFeed(prepared, sampler, generator, position, data_seed, batch_size * runtime.num_processes,
+    # skip() counts indices for an index sampler, this rank's micro-batches for a rank-batch sampler (rebalance)
+    per_batch = 1 if rebalance.yields_rank_batches(sampler) else batch_size * runtime.num_processes
+    feed = TrainFeed(prepared, sampler, generator, position, data_seed, per_batch,
                      reads_ahead=prepared is loader and position is None)
     setattr(prepared, _ATTACHED, feed)
     return feed
