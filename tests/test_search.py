@@ -177,6 +177,13 @@ def test_default_objective_is_the_reference_one():
 def test_ray_tune_finds_the_better_learning_rate(tmp_path):
     ray = pytest.importorskip("ray")
     tune = pytest.importorskip("ray.tune")
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    # a prepared loader left mid-iteration earlier in this process leaves a weak reference in Accelerate's
+    # process-wide state (as earlier tests do in a full run): the Trainer must still travel to Ray's workers
+    live_loader = iter(Accelerator(cpu=True).prepare_data_loader(DataLoader(list(range(4)))))
+    next(live_loader)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
         trainer = _trainer(tmp_path / "out")
@@ -194,6 +201,8 @@ def test_ray_tune_finds_the_better_learning_rate(tmp_path):
     assert sorted(os.listdir(tmp_path / "out" / f"run-{best.run_id}")) == [
         "checkpoint-10", "checkpoint-20", "checkpoint-30"]
     assert trainer.model is not None and trainer.hp_search_backend is None  # the Trainer is whole again
+    assert trainer.runtime is not None and trainer.accelerator is trainer.runtime.accelerator
+    del live_loader
 
 
 def test_ray_errors_name_the_fix(tmp_path):

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from trainwell import search, techniques, wiring
-from trainwell.backend.runtime import Runtime, to_device
+from trainwell.backend.runtime import to_device
 from trainwell.checkpoint import contents
 from trainwell.checkpoint.contents import Phase
 from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module-level names)
@@ -97,9 +97,7 @@ class Trainer:
         self._memory_tracker = MemoryTracker(args.skip_memory_metrics)
         self._memory_tracker.start("init")
         self._seed()
-        self.runtime = Runtime(args)
-        self.precision = self.runtime.precision
-        self.accelerator = self.runtime.accelerator
+        wiring.attach_runtime(self)
         # log_level on the main process, log_level_replica on the others ("passive" keeps the current level)
         logging.getLogger("trainwell").setLevel(args.get_process_log_level())
         self.model_init = model_init

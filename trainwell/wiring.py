@@ -223,4 +223,17 @@ def set_reference_attributes(trainer: Any) -> None:
     trainer.is_model_parallel, trainer.deepspeed, trainer.hp_name = False, None, None
     trainer.neftune_noise_alpha = trainer.args.neftune_noise_alpha
     trainer.hub_model_id, trainer.push_in_progress = None, None  # set by init_hf_repo
-    trainer.gather_function = runtime.accelerator.gather_for_metrics
+
+
+# What attach_runtime builds: a process's own (Accelerate's process-wide state among it), never sent to another.
+RUNTIME_ATTRIBUTES = ("runtime", "precision", "accelerator", "gather_function")
+
+
+def attach_runtime(trainer: Any) -> None:
+    """Build the Trainer's runtime (devices, Accelerate, precision) from its arguments: in ``__init__``, and again
+    in a process the Trainer was sent to without it (a Ray Tune worker)."""
+    from trainwell.backend.runtime import Runtime
+
+    trainer.runtime = Runtime(trainer.args)
+    trainer.precision, trainer.accelerator = trainer.runtime.precision, trainer.runtime.accelerator
+    trainer.gather_function = trainer.accelerator.gather_for_metrics

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from trainwell import wiring
 from trainwell.outputs import PREFIX_CHECKPOINT_DIR, BestRun
 
 
@@ -30,15 +31,19 @@ def run(trainer: Any, n_trials: int, direction: str | list[str], **kwargs: Any) 
         kwargs["progress_reporter"] = ray.tune.CLIReporter(metric_columns=["objective"])
     # The Trainer travels to Ray's workers pickled: without its model (each trial builds one with model_init) and
     # without callbacks that hold open writers; both come back when the search ends.
+    # and without its runtime (Accelerate's process-wide state, weak references to live loaders among it), which
+    # each worker builds for itself from the arguments.
     model, wrapped = trainer.model, trainer.model_wrapped
     unpicklable = [cb for cb in trainer.callback_handler.callbacks if type(cb).__name__ == "TensorBoardCallback"]
     for callback in unpicklable:
         trainer.remove_callback(callback)
     trainer.model = trainer.model_wrapped = None
+    local = {name: trainer.__dict__.pop(name) for name in wiring.RUNTIME_ATTRIBUTES}
     try:
         trainable = ray.tune.with_parameters(_objective, local_trainer=trainer)
         analysis = ray.tune.run(trainable, config=trainer.hp_space(None), num_samples=n_trials, **kwargs)
     finally:
+        trainer.__dict__.update(local)
         trainer.model, trainer.model_wrapped = model, wrapped
         for callback in unpicklable:
             trainer.add_callback(callback)
@@ -50,6 +55,8 @@ def _objective(config: dict[str, Any], local_trainer: Any) -> None:
     """One trial on a Ray worker: train (from Ray's checkpoint when Ray restarts the trial), then report."""
     import ray.tune
 
+    if "runtime" not in local_trainer.__dict__:
+        wiring.attach_runtime(local_trainer)
     local_trainer.objective = None
     checkpoint = ray.tune.get_checkpoint()
     if checkpoint:
