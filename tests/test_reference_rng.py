@@ -105,3 +105,24 @@ def test_workers_draw_as_the_references_workers(tmp_path):
         return _losses(trainer)
 
     assert run(trainwell) == run(transformers)
+
+
+def _logged(out_dir, resume=None, stop=None, logging_steps=4):
+    set_seed(0)
+    args = make_args(out_dir, save_strategy="no", **{**SETTINGS, "logging_steps": logging_steps})
+    trainer = Trainer(model=DropoutMLP(), args=args, train_dataset=ClassificationDataset(),
+                      eval_dataset=ClassificationDataset(n=16, seed=1), data_collator=torch_noise_collate,
+                      callbacks=[StopAt(stop)] if stop else [])
+    output = trainer.train(resume_from_checkpoint=resume)
+    return [h for h in trainer.state.log_history if "loss" in h], output
+
+
+def test_logs_after_a_resume_equal_the_uninterrupted_runs(tmp_path):
+    full, _ = _logged(str(tmp_path / "full"))
+    _logged(str(tmp_path / "cut"), stop=6)  # step 6 is not a logging step (every 4): the window 5-8 is open
+    resumed, output = _logged(str(tmp_path / "cut"), resume=str(tmp_path / "cut" / "checkpoint-6"))
+    assert [h for h in resumed if h["step"] > 6] == [h for h in full if h["step"] > 6]
+    # train_loss keeps the reference's meaning: the mean loss of this call's steps (7 to 16)
+    per_step, _ = _logged(str(tmp_path / "steps"), logging_steps=1)
+    expected = sum(h["loss"] for h in per_step if h["step"] > 6) / 10
+    assert output.training_loss == pytest.approx(expected, rel=1e-6)

@@ -307,6 +307,10 @@ def save_rng_and_data_position(trainer: TrainerHooks, directory: str) -> None:
         state["loader"] = run.feed.epoch_rng  # a resume mid-epoch gives its loader the same worker seed again
     if run is not None and run.feed.reader is not None and run.feed.reader.pending_rng is not None:
         state["read_ahead"] = run.feed.reader.pending_rng  # ... and reads its pending batch the same way again
+    if run is not None:  # the log window in progress: logs after a resume equal the uninterrupted run's
+        from trainwell.loop.boundary import gather_loss_sum
+
+        state["log_window"] = run.losses.window(lambda total: gather_loss_sum(trainer.runtime, total))
     torch_save(state, _own_file(trainer, directory, "rng"))
     position = run.feed.position if run is not None else None
     if position is not None:
@@ -399,7 +403,11 @@ def load_rng_state(trainer: TrainerHooks, checkpoint: str) -> None:
             "from the uninterrupted run.", checkpoint, trainer.runtime.process_index,
         )  # fmt: skip
         return
-    set_rng_state(load_rng_file(path))
+    saved = load_rng_file(path)
+    set_rng_state(saved)
+    run = trainer.training_run
+    if run is not None and isinstance(saved.get("log_window"), dict):
+        run.losses.restore_window(saved["log_window"])
 
 
 def saved_rng(trainer: TrainerHooks, checkpoint: str, key: str) -> Any:

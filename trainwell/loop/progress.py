@@ -56,6 +56,20 @@ class LossTracker:
         else:
             self.total = self.total + loss
 
+    def window(self, mean_over_processes: Any) -> dict[str, Any]:
+        """What a checkpoint keeps of the log window in progress, so the first log after a resume averages the
+        same steps as the uninterrupted run's: the loss sum since the last log (``mean_over_processes`` of it: a
+        collective, as at a log step) and that log's step."""
+        return {"loss_sum": mean_over_processes(self.total), "last_logged_step": self.last_logged_step}
+
+    def restore_window(self, saved: dict[str, Any]) -> None:
+        """Continue the saved log window. Its losses belong to the earlier call, so ``logged_total`` (this call's
+        ``train_loss``) leaves them out."""
+        loss_sum = float(saved["loss_sum"])
+        self.total = loss_sum if self.on_host else torch.tensor(loss_sum, device=self.device)
+        self.last_logged_step = int(saved["last_logged_step"])
+        self.logged_total -= loss_sum
+
     def take(self) -> torch.Tensor | float:
         """The sum since the last take (a sync point on an accelerator), resetting it."""
         value = self.total
