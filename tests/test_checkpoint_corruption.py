@@ -108,7 +108,7 @@ def test_no_complete_checkpoint_is_a_clear_error(run_dir):
     assert not trainer.is_in_train  # the failed call leaves the Trainer usable (evaluate() as outside training)
 
 
-@pytest.mark.parametrize("damage", ["truncated-model", "missing-optimizer", "bad-json-trainer-state"])
+@pytest.mark.parametrize("damage", ["truncated-model", "missing-model", "bad-json-trainer-state"])
 def test_naming_a_damaged_checkpoint_is_a_clear_error(run_dir, damage):
     newest = run_dir / "checkpoint-4"
     DAMAGES[damage](newest)
@@ -116,8 +116,32 @@ def test_naming_a_damaged_checkpoint_is_a_clear_error(run_dir, damage):
         _trainer(str(run_dir)).train(resume_from_checkpoint=str(newest))
     message = str(err.value)
     assert str(newest) in message
-    assert {"truncated-model": "model.safetensors", "missing-optimizer": "optimizer.pt",
+    assert {"truncated-model": "model.safetensors", "missing-model": "no model weights file",
             "bad-json-trainer-state": "trainer_state.json"}[damage] in message
+
+
+@pytest.mark.parametrize(("damage", "effect"), [
+    ("missing-optimizer", "the optimizer starts with fresh moments"),
+    ("missing-scheduler", "the learning-rate schedule restarts"),
+    ("missing-rng", "random draws"),
+])
+def test_a_checkpoint_without_some_training_state_resumes_with_a_precise_warning(run_dir, caplog, damage, effect):
+    newest = run_dir / "checkpoint-4"
+    DAMAGES[damage](newest)
+    started: list[int] = []
+    with caplog.at_level(logging.WARNING):
+        _trainer(str(run_dir), record=started).train(resume_from_checkpoint=str(newest))
+    assert started == [4]  # the named checkpoint, not an older complete one
+    assert f"Resuming from {newest} although" in caplog.text and effect in caplog.text
+
+
+def test_resume_true_takes_a_partial_checkpoint_when_no_complete_one_is_left(run_dir, caplog):
+    for step in range(1, 5):
+        DAMAGES["missing-rng"](run_dir / f"checkpoint-{step}")
+    started: list[int] = []
+    with caplog.at_level(logging.WARNING):
+        _trainer(str(run_dir), record=started).train(resume_from_checkpoint=True)
+    assert started == [4] and "rng_state.pth is missing" in caplog.text
 
 
 def test_naming_a_missing_folder_is_a_clear_error(run_dir):
@@ -222,3 +246,31 @@ def test_optimizer_state_loads_onto_an_indexed_cpu_device(tmp_path):
     torch.save({"state": {0: {"exp_avg": torch.ones(2)}}}, tmp_path / "optimizer.pt")
     loaded = safe_torch_load(tmp_path / "optimizer.pt", map_location=torch.device("cpu", 0))
     assert torch.equal(loaded["state"][0]["exp_avg"], torch.ones(2))
+
+
+def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_run_resumable(tmp_path, monkeypatch):
+    import torch
+
+    from trainwell.checkpoint.io import CheckpointWriteError
+    from trainwell.checkpoint.resume import incomplete_reason
+
+    real_save, calls = torch.save, []
+
+    def fills_up(obj, path, *args, **kwargs):
+        calls.append(str(path))
+        if "checkpoint-3" in str(path) and str(path).endswith("optimizer.pt"):
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 1318528 vs 1318416")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", fills_up)
+    with pytest.raises(CheckpointWriteError) as err:
+        _trainer(str(tmp_path)).train()
+    message = str(err.value)
+    assert "optimizer.pt failed: the disk is full" in message and "checkpoint-3" in message
+    assert "not published" in message and "resume_from_checkpoint=True" in message
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert incomplete_reason(tmp_path / "checkpoint-2") is None
+    monkeypatch.setattr(torch, "save", real_save)  # space freed
+    started: list[int] = []
+    assert _trainer(str(tmp_path), record=started).train(resume_from_checkpoint=True).global_step == 4
+    assert started == [2]

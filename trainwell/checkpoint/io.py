@@ -7,11 +7,14 @@ and the atomic publish of a checkpoint folder (write into a temporary sibling, t
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
 import pickle
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +49,45 @@ def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
         raise RuntimeError(f"{path} is corrupted or not a torch file ({type(err).__name__}: {err})") from err
 
 
+class CheckpointWriteError(OSError):
+    """Writing a file of a checkpoint (or of a saved model) failed; the message names the file and the cause."""
+
+
+# How a full disk shows through torch's zip writer and safetensors, besides errno ENOSPC.
+_DISK_FULL = ("No space left on device", "unexpected pos", "file write failed", "Disk quota exceeded")
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Turn a failed write of ``path`` into a :class:`CheckpointWriteError` that says what failed and what is safe.
+
+    torch reports a full disk as ``unexpected pos 1318528 vs 1318416``: the error names the file, says the disk
+    is full when it is, and that a checkpoint being written is not published (earlier ones are intact).
+    """
+    try:
+        yield
+    except CheckpointWriteError:
+        raise
+    except (OSError, RuntimeError) as err:
+        full = getattr(err, "errno", None) == errno.ENOSPC or any(text in str(err) for text in _DISK_FULL)
+        cause = "the disk is full" if full else f"the write failed ({type(err).__name__}: {err})"
+        where = Path(path)
+        unpublished = any(part.startswith(TMP_PREFIX) for part in where.parts)
+        after = ("this checkpoint is not published; the checkpoints saved before it are intact and the run "
+                 "resumes from the newest of them (resume_from_checkpoint=True)") if unpublished else (
+                 "the file may be incomplete; checkpoints saved before are intact")
+        fix = " Free some space (or point output_dir at a larger disk) and resume." if full else ""
+        raise CheckpointWriteError(f"Writing {where} failed: {cause}. {after[0].upper()}{after[1:]}.{fix}") from err
+
+
 def torch_save(obj: Any, path: str | os.PathLike) -> None:
-    torch.save(obj, path)
-    fsync_file(path)
+    with writing(path):
+        torch.save(obj, path)
+        fsync_file(path)
 
 
 def write_json(obj: Any, path: str | os.PathLike) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
+    with writing(path), open(path, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
@@ -86,6 +121,11 @@ def save_model_weights(model: nn.Module, directory: str | os.PathLike, state_dic
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    with writing(directory / WEIGHTS_NAME):
+        _write_weights(model, directory, state_dict)
+
+
+def _write_weights(model: nn.Module, directory: Path, state_dict: dict | None) -> None:
     if hasattr(model, "save_pretrained") and callable(model.save_pretrained):
         kwargs: dict[str, Any] = {"safe_serialization": True}
         if state_dict is not None:

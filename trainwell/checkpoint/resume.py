@@ -57,22 +57,27 @@ class Resume:
         """The resume of ``train(resume_from_checkpoint=...)``: None to train from scratch.
 
         ``True`` picks the newest complete checkpoint of ``output_dir`` (incomplete ones are skipped with a
-        warning); a path must be a complete checkpoint. Anything else raises ValueError naming the fix.
+        warning), else the newest one that can be resumed at all. A checkpoint that lacks training-state pieces
+        (the optimizer, the scheduler, the RNG states) resumes with a warning saying what will not be exact;
+        one without usable weights or state raises ValueError naming the problem.
         """
         if resume_from_checkpoint is None or resume_from_checkpoint is False:
             return None
         if resume_from_checkpoint is True:
-            path = get_last_checkpoint(output_dir)
+            path = get_last_checkpoint(output_dir) or last_usable_checkpoint(output_dir)
             if path is None:
                 raise ValueError(
                     f"resume_from_checkpoint=True but no complete checkpoint was found in output_dir ({output_dir}). "
                     "Pass a checkpoint path, or train from scratch."
                 )
-            return cls(path)
-        path = str(resume_from_checkpoint)
-        reason = incomplete_reason(path) if os.path.isdir(path) else "it is not a folder"
-        if reason is not None:
-            raise ValueError(f"Can't resume from {path}: {reason}.")
+        else:
+            path = str(resume_from_checkpoint)
+            reason = unusable_reason(path) if os.path.isdir(path) else "it is not a folder"
+            if reason is not None:
+                raise ValueError(f"Can't resume from {path}: {reason}.")
+        missing = _missing_training_state(Path(path))
+        if missing is not None:
+            warn_partial(path, missing)
         return cls(path)
 
     def saved_rng(self, hooks: TrainerHooks, key: str) -> Any:
@@ -169,13 +174,22 @@ def unsized_position(state: TrainerState, args: Any) -> tuple[int, int]:
 
 # ----------------------------------------------------------------------------------------------- validation
 def incomplete_reason(path: str | os.PathLike) -> str | None:
-    """Why ``path`` is not a loadable checkpoint, or ``None`` when it looks complete.
+    """Why ``path`` is not a complete checkpoint, or ``None`` when it looks complete.
+
+    :func:`unusable_reason`'s checks, then: when ``training_args.json`` says the checkpoint was not
+    ``save_only_model``, the required training-state pieces of ``trainwell.checkpoint.contents.CONTENTS`` must be
+    there too.
+    """
+    return unusable_reason(path) or _missing_training_state(Path(path))
+
+
+def unusable_reason(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be resumed from at all, or ``None``.
 
     Cheap checks only (no tensor is read, no pickle is opened): the trainer state parses as a JSON object,
     some model weights exist, every safetensors file is as long as its header says, and every ``.pt``/``.pth``
-    file (optimizer, scheduler, RNG states) is a whole zip archive (a truncated one has no end record). When
-    ``training_args.json`` says the checkpoint was not ``save_only_model``, the required training-state pieces
-    of ``trainwell.checkpoint.contents.CONTENTS`` must be there too.
+    file (optimizer, scheduler, RNG states) is a whole zip archive (a truncated one has no end record). A
+    checkpoint that passes but lacks training-state pieces resumes with a warning saying what is not exact.
     """
     path = Path(path)
     state_file = path / TRAINER_STATE_NAME
@@ -197,24 +211,35 @@ def incomplete_reason(path: str | os.PathLike) -> str | None:
     for file in sorted([*path.glob("*.pt"), *path.glob("*.pth"), *path.glob(LEGACY_WEIGHTS_NAME)]):
         if not zipfile.is_zipfile(file):
             return f"{file.name} is truncated or not a torch file"
-    return _missing_training_state(path)
+    return None
+
+
+def warn_partial(path: str | os.PathLike, missing: str) -> None:
+    """Resuming from a checkpoint without some of its training state: say what will not be exact."""
+    effects = {"optimizer": "the optimizer starts with fresh moments", "scheduler": "the learning-rate schedule "
+               "restarts from its first step", "rng": "random draws (dropout, a random collator) differ from the "
+               "uninterrupted run's", "scaler": "the fp16 loss scale restarts"}
+    said = [text for key, text in effects.items() if key in missing] or ["training will not continue exactly"]
+    logger.warning("Resuming from %s although %s: %s. The weights, step, epoch and data position are restored.",
+                   path, missing, "; ".join(said))
 
 
 def _missing_training_state(path: Path) -> str | None:
-    """The required training-state piece missing from a checkpoint whose arguments say it should have it."""
+    """The required training-state pieces missing from a checkpoint whose arguments say it should have them."""
     try:
         saved_args = json.loads((path / TRAINING_ARGS_NAME).read_text())
     except (OSError, ValueError):
         return None  # written by the reference (training_args.bin) or by hand: nothing to check against
     if not isinstance(saved_args, dict) or saved_args.get("save_only_model"):
         return None
+    missing = []
     for piece in CONTENTS:
         if not (piece.training_state and piece.required):
             continue
         forms = [piece] + [p for p in CONTENTS if piece.name in p.replaces]  # e.g. optimizer.pt or optimizer_0/
         if not any(_present(path, form) for form in forms):
-            return " or ".join(form.file for form in forms) + " is missing"
-    return None
+            missing.append(" or ".join(form.file for form in forms) + " is missing")
+    return "; ".join(missing) or None
 
 
 def _present(path: Path, piece: Any) -> bool:
@@ -248,4 +273,12 @@ def get_last_checkpoint(folder: str | os.PathLike) -> str | None:
         if reason is None:
             return str(path)
         logger.warning("Skipping incomplete checkpoint %s: %s", path, reason)
+    return None
+
+
+def last_usable_checkpoint(folder: str | os.PathLike) -> str | None:
+    """The newest checkpoint that can be resumed at all (weights and state intact), complete or not."""
+    for path in reversed(list_checkpoints(folder)):
+        if unusable_reason(path) is None:
+            return str(path)
     return None
