@@ -510,7 +510,7 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
         self.per_device_train_batch_size, self.num_train_epochs, self.max_steps = batch_size, num_epochs, max_steps
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.activation_checkpointing = self.gradient_checkpointing = activation_checkpointing
-        return self
+        return validate.checked_values(self)
 
     def set_evaluate(self, strategy: str | IntervalStrategy = "no", steps: int = 500, batch_size: int = 8,
                      accumulation_steps: int | None = None, delay: float | None = None,
@@ -522,12 +522,12 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
         self.eval_steps, self.per_device_eval_batch_size = steps, batch_size
         self.eval_accumulation_steps, self.prediction_loss_only = accumulation_steps, loss_only
         self.eval_delay = 0 if delay is None else delay  # None would break the "step >= delay" comparison
-        return self
+        return validate.checked_values(self)
 
     def set_testing(self, batch_size: int = 8, loss_only: bool = False) -> Self:
         """Set the prediction options and ``do_predict=True``."""
         self.do_predict, self.per_device_eval_batch_size, self.prediction_loss_only = True, batch_size, loss_only
-        return self
+        return validate.checked_values(self)
 
     def set_save(self, strategy: str | IntervalStrategy = "steps", steps: int = 500,
                  total_limit: int | None = None, on_each_node: bool = False) -> Self:
@@ -535,7 +535,7 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
         self.save_strategy = normalize.coerce_enum("save_strategy", strategy, SaveStrategy)
         _require_steps(self.save_strategy, steps, "save")
         self.save_steps, self.save_total_limit, self.save_on_each_node = steps, total_limit, on_each_node
-        return self
+        return validate.checked_values(self)
 
     def set_logging(self, strategy: str | IntervalStrategy = "steps", steps: int = 500,
                     report_to: str | list[str] = "none", level: str = "passive", first_step: bool = False,
@@ -551,7 +551,7 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
         self.log_level, self.log_level_replica = level, replica_level
         self.logging_first_step, self.logging_nan_inf_filter = first_step, nan_inf_filter
         self.log_on_each_node = on_each_node
-        return self
+        return validate.checked_values(self)
 
     def set_push_to_hub(self, model_id: str, strategy: str | HubStrategy = "every_save", token: str | None = None,
                         private_repo: bool | None = None, always_push: bool = False,
@@ -560,7 +560,7 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
         self.push_to_hub, self.hub_model_id, self.hub_token = True, model_id, token
         self.hub_strategy = normalize.coerce_enum("hub_strategy", strategy, HubStrategy)
         self.hub_private_repo, self.hub_always_push, self.hub_revision = private_repo, always_push, revision
-        return self
+        return validate.checked_values(self)
 
     def set_optimizer(self, name: str | OptimizerNames = "adamw_torch", learning_rate: float = 5e-5,
                       weight_decay: float = 0, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8,
@@ -569,14 +569,14 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
         self.optim = normalize.coerce_enum("optim", name, OptimizerNames)
         self.learning_rate, self.weight_decay, self.optim_args = learning_rate, weight_decay, args
         self.adam_beta1, self.adam_beta2, self.adam_epsilon = beta1, beta2, epsilon
-        return self
+        return validate.checked_values(self)
 
     def set_lr_scheduler(self, name: str | SchedulerType = "linear", num_epochs: float = 3.0, max_steps: int = -1,
                          warmup_steps: float = 0) -> Self:
         """Set the schedule and the run length it spans."""
         self.lr_scheduler_type = normalize.coerce_enum("lr_scheduler_type", name, SchedulerType)
         self.num_train_epochs, self.max_steps, self.warmup_steps = num_epochs, max_steps, warmup_steps
-        return self
+        return validate.checked_values(self)
 
     def set_dataloader(self, train_batch_size: int = 8, eval_batch_size: int = 8, drop_last: bool = False,
                        num_workers: int = 0, pin_memory: bool = True, persistent_workers: bool = False,
@@ -591,7 +591,7 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
         self.dataloader_multiprocessing_context = multiprocessing_context
         self.dataloader_in_order, self.auto_find_batch_size = in_order, auto_find_batch_size
         self.ignore_data_skip, self.data_seed = ignore_data_skip, sampler_seed
-        return self
+        return validate.checked_values(self)
 
 
 def _require_steps(strategy: Any, steps: Any, what: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import inspect
 import json
 import logging
 import numbers
@@ -168,7 +169,13 @@ def normalize_report_to(value: Any) -> list[str]:
 
     The reference turns ``None`` into ``[None]`` and then fails in the Trainer; here it simply means none.
     """
-    names = [value] if value is None or isinstance(value, str) else list(value)
+    try:
+        names = [value] if value is None or isinstance(value, str) else list(value)
+    except TypeError:
+        raise ValueError(
+            f"report_to={value!r}: pass a tracker name such as 'tensorboard', a list of names, 'all' (the installed "
+            "ones) or 'none'."
+        ) from None
     if names in ([None], ["none"], []):
         return []
     if "none" in names:
@@ -215,6 +222,37 @@ def _to_number(name: str, given: Any, kind: type) -> int | float:
             raise ValueError(f"{name}={given!r}: pass a whole number.")
         return int(value)
     return value
+
+
+@functools.cache
+def _bool_fields(cls: type) -> tuple[str, ...]:
+    """Fields annotated ``bool`` or ``bool | None`` (read from the annotation text, as :func:`_numeric_fields`)."""
+    bools = ("bool", "bool | None", "None | bool", "Optional[bool]")
+    return tuple(
+        f.name
+        for f in dataclasses.fields(cls)
+        if (f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")) in bools
+    )
+
+
+def coerce_bools(args: Any) -> None:
+    """A bool field given a string gets what the argument parser would make of it: "yes"/"true"/"1" -> True,
+    "no"/"false"/"0" -> False (any case). Kept as is, "no" would be a truthy string; any other string is an error."""
+    for name in _bool_fields(type(args)):
+        value = getattr(args, name)
+        if not isinstance(value, str):
+            continue
+        import argparse  # deferred, as the parser: only a string here needs them
+
+        from trainwell.args.parser import string_to_bool
+
+        try:
+            setattr(args, name, string_to_bool(value))
+        except argparse.ArgumentTypeError:
+            raise ValueError(
+                f"{name}={value!r}: pass True or False (the strings 'true'/'false', 'yes'/'no' and '1'/'0' "
+                "are read as such, in any case)."
+            ) from None
 
 
 def coerce_numbers(args: Any) -> None:
@@ -293,6 +331,9 @@ def derive_defaults(args: Any) -> None:
         args.do_eval = True
     if args.eval_strategy == IntervalStrategy.STEPS and not args.eval_steps and args.logging_steps:
         args.eval_steps = args.logging_steps
+    metric = args.metric_for_best_model
+    if metric is not None and not isinstance(metric, str):
+        raise ValueError(f"metric_for_best_model={metric!r}: pass the name of a metric, such as 'loss' or 'accuracy'.")
     needs_metric = args.load_best_model_at_end or args.lr_scheduler_type in (
         SchedulerType.REDUCE_ON_PLATEAU,
         SchedulerType.GREEDY,
@@ -360,9 +401,18 @@ def normalize_args(args: Any, accelerator_config_cls: type) -> None:
     """Every rewrite ``__post_init__`` performs before validation, in dependency order."""
     if args.output_dir is None:
         args.output_dir = "trainer_output"
-    args.output_dir = os.path.expanduser(os.fspath(args.output_dir))
+    try:
+        args.output_dir = os.path.expanduser(os.fspath(args.output_dir))
+    except TypeError:
+        raise TypeError(
+            f"output_dir={args.output_dir!r}: pass a directory path (a str or os.PathLike), or None to use "
+            "'trainer_output'."
+        ) from None
     _unmask_tokens(args)
     coerce_numbers(args)
+    coerce_bools(args)
+    if isinstance(args.include_for_metrics, str):  # the reference's `"inputs" in args.include_for_metrics` works too
+        args.include_for_metrics = args.include_for_metrics.replace(",", " ").split()
     parse_json_fields(args)
     _drop_inert_4x_values(args)
     normalize_fsdp(args)
@@ -539,14 +589,39 @@ def translate_aliases(cls: type, kwargs: dict[str, Any]) -> tuple[dict[str, Any]
     return kwargs, attributes
 
 
+@functools.cache
+def _keyword_names(init: Callable[..., None]) -> frozenset[str] | None:
+    """The keyword arguments ``init`` takes (None when it takes ``**kwargs``)."""
+    params = list(inspect.signature(init).parameters.values())[1:]  # drop self
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+
+
+def _check_keywords(cls: type, init: Callable[..., None], kwargs: dict[str, Any]) -> None:
+    """An unknown keyword is the ``TypeError`` the dataclass would raise, plus the value and a did-you-mean."""
+    known = _keyword_names(init)
+    unknown = [name for name in kwargs if known is not None and name not in known]
+    if not unknown:
+        return
+    name = unknown[0]
+    hint = did_you_mean(name, sorted(known or ())) or f" See help({cls.__name__}) for the arguments it takes."
+    raise TypeError(
+        f"{cls.__name__}.__init__() got an unexpected keyword argument {name!r}: {name}={kwargs[name]!r} is not "
+        f"a {cls.__name__} argument.{hint}"
+    )
+
+
 def wrap_init(init: Callable[..., None]) -> Callable[..., None]:
-    """Wrap a dataclass-generated ``__init__`` so that it accepts the 4.x names (see :func:`translate_aliases`)."""
+    """Wrap a dataclass-generated ``__init__`` so that it accepts the 4.x names (see :func:`translate_aliases`)
+    and answers an unknown keyword with a did-you-mean (see :func:`_check_keywords`)."""
     if getattr(init, "_trainwell_alias_init", False):
         return init
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         kwargs, attributes = translate_aliases(type(self), kwargs)
+        _check_keywords(type(self), init, kwargs)
         init(self, *args, **kwargs)
         for name, value in attributes.items():
             setattr(self, name, value)

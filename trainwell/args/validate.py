@@ -14,14 +14,26 @@ Deliberate differences from the reference:
 * ``tf32=True`` is applied (and checked) by the runtime, not by flipping global torch flags here.
 * Batch sizes, ``gradient_accumulation_steps``, ``learning_rate``, ``num_train_epochs``, worker counts and
   non-positive save/eval/logging intervals are checked too (the reference fails later, or never).
+* Single values the reference accepts and then fails on, or silently misreads, are refused here: NaN or
+  infinite floats, Adam betas outside [0, 1), negative ``adam_epsilon``/``weight_decay``, label smoothing
+  outside [0, 1], seeds numpy or torch would refuse, ``label_names`` given as one string, an ``output_dir``
+  that is (or lies under) a file. Values that still do something are kept, with a ``UserWarning`` naming
+  what they do: ``max_steps`` below -1 and a negative ``max_grad_norm``, ``eval_delay`` or
+  ``save_total_limit`` (each the same as its "off" value), ``num_train_epochs=0`` (trains nothing),
+  ``label_smoothing_factor=1`` (ignores the labels), an ``output_dir`` this process cannot write to.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import os
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from trainwell.args.normalize import _numeric_fields
 from trainwell.outputs import IntervalStrategy, SaveStrategy, SchedulerType
 from trainwell.utils.errors import choice_error, did_you_mean
 
@@ -66,9 +78,139 @@ def _check_sizes(args: Any) -> None:
         )
 
 
+# --- single values: finite, in range, of the right kind ---------------------------------------------------------------
+
+# Float fields where infinity means something, as with the reference: max_grad_norm=inf measures the gradient norm
+# and never clips; num_train_epochs=inf is fine when max_steps > 0 ends the run (see _check_numbers).
+_INF_MEANS_SOMETHING = frozenset({"max_grad_norm", "num_train_epochs"})
+# The seeds the reference's Trainer() accepts (numpy's legacy np.random.seed), and torch.manual_seed's range.
+_NUMPY_SEEDS, _TORCH_SEEDS = (0, 2**32), (-(2**63), 2**64)
+
+# field -> (whether a value is usable, the fix). Runs on finite numbers; None (where allowed) is skipped.
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "adam_beta1": (lambda v: 0 <= v < 1, "pass a decay rate in [0, 1), such as 0.9 (torch's Adam refuses others)"),
+    "adam_beta2": (lambda v: 0 <= v < 1, "pass a decay rate in [0, 1), such as 0.999 (torch's Adam refuses others)"),
+    "adam_epsilon": (lambda v: v >= 0, "pass a small number >= 0, such as 1e-8"),
+    "weight_decay": (lambda v: v >= 0, "pass 0 (no weight decay) or a positive rate, such as 0.01"),
+    "label_smoothing_factor": (lambda v: 0 <= v <= 1, "pass a factor in [0, 1): 0 disables smoothing, 0.1 is typical"),
+    "seed": (lambda v: _NUMPY_SEEDS[0] <= v < _NUMPY_SEEDS[1],
+             "pass an integer from 0 to 2**32 - 1, the range numpy's seeding accepts"),
+    "data_seed": (lambda v: _TORCH_SEEDS[0] <= v < _TORCH_SEEDS[1],
+                  "pass an integer torch.Generator.manual_seed accepts (-2**63 to 2**64 - 1), or None to use seed"),
+    "neftune_noise_alpha": (lambda v: v > 0, "pass a positive noise scale, such as 5.0, or None to turn NEFTune off"),
+    "dataloader_prefetch_factor": (lambda v: v >= 1, "pass a positive number of batches each worker loads ahead, "
+                                   "or None for torch's default (2)"),
+    "ddp_timeout": (lambda v: v > 0, "pass a positive number of seconds (the default is 1800; 0 does not "
+                    "disable the timeout)"),
+}
+
+
+@functools.cache
+def _float_fields() -> dict[str, Any]:
+    """The float fields ``TrainingArguments`` declares (not those a subclass adds) -> their declared default."""
+    from trainwell.training_args import TrainingArguments  # deferred: that module imports this one
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    return {name: defaults[name] for name, (kind, _) in _numeric_fields(TrainingArguments).items() if kind is float}
+
+
+def _check_finite(args: Any) -> None:
+    """NaN passes every comparison-based range check (``nan < 0`` is False), so non-finite floats go first."""
+    for name, default in _float_fields().items():
+        value = getattr(args, name, None)
+        if value is None or math.isfinite(value) or (math.isinf(value) and name in _INF_MEANS_SOMETHING):
+            continue
+        if math.isnan(value) and name == "max_grad_norm":
+            raise ValueError(f"max_grad_norm={value!r} turns gradient clipping off silently: pass a positive norm "
+                             "such as 1.0, 0 to disable clipping, or inf to log the norm without clipping.")
+        unset = "None, the default" if default is None else f"the default is {default!r}"
+        raise ValueError(f"{name}={value!r}: pass a finite number ({unset}).")
+
+
+def _check_ranges(args: Any) -> None:
+    for name, (usable, fix) in _RANGES.items():
+        value = getattr(args, name, None)
+        if value is not None and not usable(value):
+            raise ValueError(f"{name}={value!r}: {fix}.")
+
+
+def _warn(message: str) -> None:
+    # user -> AliasInitMeta's __init__ wrapper -> dataclass __init__ -> __post_init__ -> validate_args -> check -> here
+    warnings.warn(message, UserWarning, stacklevel=7)
+
+
+def _check_odd_values(args: Any) -> None:
+    """Values the reference runs with, but that read like a mistake: warn, naming what they do."""
+    if args.max_steps < -1:
+        _warn(f"max_steps={args.max_steps!r} is the same as max_steps=-1: the run length comes from "
+              "num_train_epochs. Pass max_steps > 0 to train that many steps, or -1 to train by epochs.")
+    if args.max_steps <= 0 and args.num_train_epochs == 0:
+        _warn(f"num_train_epochs={args.num_train_epochs!r} with max_steps={args.max_steps!r}: train() would run no "
+              "optimizer step. Pass num_train_epochs > 0 or max_steps > 0 (nothing to fix if you only evaluate).")
+    if args.max_grad_norm < 0:
+        _warn(f"max_grad_norm={args.max_grad_norm!r} disables gradient clipping, as 0 does. Pass 0 to disable it, "
+              "or a positive norm such as 1.0 to clip.")
+    if args.label_smoothing_factor == 1:
+        _warn(f"label_smoothing_factor={args.label_smoothing_factor!r} makes every target uniform, so the loss "
+              "ignores the labels. Pass a factor below 1, such as 0.1.")
+    if args.eval_delay < 0:
+        _warn(f"eval_delay={args.eval_delay!r} is the same as eval_delay=0 (no delay). Pass 0, or a positive "
+              "number of steps or epochs (per eval_strategy) to wait before the first evaluation.")
+    limit = args.save_total_limit
+    if limit is not None and limit <= 0:
+        _warn(f"save_total_limit={limit!r} keeps every checkpoint (a limit <= 0 means no limit). Pass None for "
+              "no limit, a positive number of checkpoints to keep, or save_strategy='no' to save none.")
+
+
+def _check_kinds(args: Any) -> None:
+    """Container fields whose wrong kind the reference accepts and later misreads (a str iterated per letter)."""
+    for name, example in (("label_names", "['labels']"), ("optim_target_modules", "['attn', 'mlp']")):
+        value = getattr(args, name)
+        if value is None or (name == "optim_target_modules" and isinstance(value, str)):
+            continue
+        if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(
+            isinstance(item, str) for item in value
+        ):
+            also = " or one name/regex string" if name == "optim_target_modules" else ""
+            raise ValueError(f"{name}={value!r}: pass a list of names such as {example}{also}.")
+
+
+def _check_output_dir(args: Any) -> None:
+    """What can be known without creating anything; the Trainer creates the directory."""
+    path = args.output_dir
+    if not isinstance(path, str):  # bytes: os.fspath accepts them; leave them to the filesystem
+        return
+    if path == "":
+        raise ValueError("output_dir='': pass the directory to write checkpoints into, or leave output_dir unset "
+                         "(None) to use 'trainer_output'.")
+    if os.path.isdir(path):
+        if not os.access(path, os.W_OK | os.X_OK):
+            _warn(f"output_dir={path!r} is not writable by this process: saving a checkpoint or the model will "
+                  "fail. Pass a directory you can write to (evaluate() and predict() alone write nothing).")
+        return
+    if os.path.lexists(path):
+        what = "a file" if os.path.isfile(path) else "not a directory"
+        raise ValueError(f"output_dir={path!r} is {what}: pass a directory path (the Trainer writes checkpoints "
+                         "into it), or move what is there.")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise ValueError(f"output_dir={path!r} lies under {parent!r}, which is a file, so the directory cannot be "
+                         "created: pass a path whose parent folders are directories.")
+    if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
+        _warn(f"output_dir={path!r} cannot be created: {parent!r} is not writable by this process, so the Trainer "
+              "will fail to save. Pass a path under a directory you can write to.")
+
+
 def _check_numbers(args: Any) -> None:
     if args.learning_rate < 0:
         raise ValueError(f"learning_rate={args.learning_rate!r}: pass a learning rate >= 0, such as 5e-5.")
+    if math.isinf(args.num_train_epochs) and args.max_steps <= 0:
+        raise ValueError(
+            f"num_train_epochs={args.num_train_epochs!r} with max_steps={args.max_steps!r} never ends: pass a "
+            "finite number of epochs, or max_steps > 0 to stop after that many optimizer steps."
+        )
     if args.num_train_epochs < 0:
         raise ValueError(
             f"num_train_epochs={args.num_train_epochs!r}: pass a number of epochs >= 0 "
@@ -214,8 +356,13 @@ def _check_choices(args: Any) -> None:
 
 
 _CHECKS: tuple[Callable[[Any], None], ...] = (
+    _check_finite,
     _check_sizes,
     _check_numbers,
+    _check_ranges,
+    _check_odd_values,
+    _check_kinds,
+    _check_output_dir,
     _check_intervals,
     _check_best_model,
     _check_precision,
@@ -234,6 +381,17 @@ def check_known_keys(data: Mapping[str, Any], known: set[str], what: str) -> Non
         raise ValueError(
             f"{what} got unknown key(s) {', '.join(map(repr, unknown))}.{did_you_mean(unknown[0], known)}"
         )
+
+
+def checked_values(args: Any) -> Any:
+    """``args`` after the single-value checks (finite floats, ranges, kinds): what a ``set_*`` method ends with.
+    Cross-field checks wait for construction, as a script may pass through a mixed state between two setters."""
+    from trainwell.args.normalize import coerce_bools
+
+    coerce_bools(args)  # "no" for a bool field means False, as at construction
+    for check in (_check_finite, _check_ranges, _check_kinds):
+        check(args)
+    return args
 
 
 def validate_args(args: Any) -> None:
