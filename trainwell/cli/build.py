@@ -1,19 +1,33 @@
 """Turning the sections of a ``trainwell train`` config into objects: factories and built-in file loaders.
 
 A *factory reference* is ``"package.module:attribute"`` (the module is imported, the attribute looked up)
-or ``{factory: "package.module:attribute", kwargs: {...}}`` (the attribute is called with ``kwargs``).
-Built-in loaders read local files: JSONL (one JSON object per line), CSV (a header row; numbers become
-ints or floats) and plain text (byte blocks for a causal LM, as in the demo). Nothing is downloaded.
+or ``{factory: "package.module:attribute", kwargs: {...}}`` (the attribute is called with ``kwargs``); the
+module may also be a file path, ``"./my_model.py:build"``. Built-in loaders read local files: JSONL (one JSON
+object per line), CSV (a header row; numbers become ints or floats) and plain text (byte blocks for a causal
+LM, as in the demo). Nothing is downloaded.
+
+Where factory modules come from (see docs/cli.md): a module importable the ordinary way (installed, the standard
+library, ``PYTHONPATH``) always wins; only a name that is not importable otherwise is looked up in the config's
+folder, then the current directory. Those folders go on ``sys.path`` only then, *after* the installed packages,
+and only for the run, so a ``json.py`` or ``accelerate.py`` lying beside a config is never imported by trainwell
+or its dependencies. A named module that collides with an importable one gets the importable module and a
+warning; a path reference (``./json.py:loads``) loads the file itself under a private module name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import hashlib
 import importlib
+import importlib.util
 import json
 import os
+import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from trainwell.cli import CliError
@@ -23,29 +37,184 @@ FORMATS = ("jsonl", "csv", "text")
 _SUFFIX_FORMAT = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".txt": "text"}
 _FILE_KEYS = ("path", "format", "columns", "block_size", "eval_fraction", "limit")
 _FACTORY_KEYS = ("factory", "kwargs")
+_FILE_MODULE_PREFIX = "_trainwell_file_"
+
+# The folders local factory modules are looked up in (the config's folder, then the current directory), set by
+# ``factory_folders`` for the run; and those of them that supplied a module, appended to ``sys.path`` until then.
+_folders: list[str] = []
+_kept: list[str] = []
+_warned: set[str] = set()
 
 
-def add_import_paths(config_path: str) -> None:
-    """Let ``module:attribute`` references name modules beside the config or in the current directory.
+@contextlib.contextmanager
+def factory_folders(config_path: str) -> Iterator[list[str]]:
+    """Look factory modules up beside ``config_path``, then in the current directory, while this block runs.
 
-    A console script (``trainwell train``) starts with its own bin folder on ``sys.path``, not the current
-    directory as ``python -m`` or ``python script.py`` would; a user's ``my_model.py`` next to the config
-    would not import.
+    A console script (``trainwell train``) starts with its bin folder on ``sys.path``, not the current directory,
+    so without this a user's ``my_model.py`` next to the config would not import. The folders go on ``sys.path``
+    (at the end) only when a named module is not importable otherwise, and the ones that supplied a module stay
+    there until the block ends: a factory's deferred ``import helpers`` and DataLoader workers started with
+    ``spawn`` (which import the module again by name) need them. ``sys.path`` is as before afterwards.
     """
-    for folder in (os.getcwd(), os.path.dirname(os.path.abspath(config_path))):
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
+    global _folders, _kept
+    folders: list[str] = []
+    for folder in (os.path.dirname(os.path.abspath(config_path)), os.getcwd()):
+        if folder not in folders:
+            folders.append(folder)
+    saved = _folders, _kept
+    _folders, _kept = folders, []
+    _warned.clear()
+    try:
+        yield folders
+    finally:
+        for folder in _kept:
+            _remove_from_path(folder)
+        _folders, _kept = saved
+
+
+def _remove_from_path(folder: str) -> None:
+    if folder in sys.path:  # the last occurrence: the code that ran may have put its own copy in front
+        del sys.path[len(sys.path) - 1 - sys.path[::-1].index(folder)]
+
+
+def _top_level_folders(module: ModuleType | None) -> list[str]:
+    """The folders a top-level module was found in (the parent of a package's folder)."""
+    if module is None:
+        return []
+    if getattr(module, "__path__", None) is not None:
+        return [os.path.dirname(os.path.realpath(p)) for p in module.__path__]
+    file = getattr(module, "__file__", None)
+    return [os.path.dirname(os.path.realpath(file))] if file else []
+
+
+@contextlib.contextmanager
+def _local_import(extra: tuple[str, ...] = ()) -> Iterator[None]:
+    """Append the factory folders (and ``extra``) to ``sys.path`` while a local module is imported; afterwards
+    keep (until ``factory_folders`` ends) only those that supplied a module.
+
+    Appended, not prepended: the local module's own ``import helpers`` finds ``helpers.py`` beside it, but an
+    ``import html`` (its own or a dependency's) still gets the installed module.
+    """
+    added = [f for f in dict.fromkeys((*_folders, *extra)) if f not in sys.path]
+    before = set(sys.modules)
+    sys.path.extend(added)
+    if added:
+        importlib.invalidate_caches()  # the folders' listings may be older than files written since
+    try:
+        yield
+    finally:
+        used = {folder for name in set(sys.modules) - before if "." not in name
+                for folder in _top_level_folders(sys.modules.get(name))}
+        for folder in added:
+            if os.path.realpath(folder) in used:
+                _kept.append(folder)
+            else:
+                _remove_from_path(folder)
+
+
+def _importable(name: str) -> bool:
+    """Whether the top-level module ``name`` imports without the factory folders (nothing is imported)."""
+    if name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _local_candidates(name: str) -> list[str]:
+    """``name.py`` files and ``name/`` folders holding Python files in the factory folders, in lookup order."""
+    found = []
+    for folder in _folders:
+        module, package = os.path.join(folder, name + ".py"), os.path.join(folder, name)
+        if os.path.isfile(module):
+            found.append(module)
+        if os.path.isdir(package) and any(f.endswith(".py") for f in os.listdir(package)):
+            found.append(package)
+    return found
+
+
+def _is_from(module: ModuleType, candidate: str) -> bool:
+    """Whether ``module`` was loaded from ``candidate`` (a ``.py`` file, or a package folder)."""
+    places = [getattr(module, "__file__", None), *list(getattr(module, "__path__", []) or [])]
+    real = os.path.realpath(candidate)
+    for place in filter(None, places):
+        place = os.path.realpath(place)
+        if place == real or place.startswith(real + os.sep):
+            return True
+    return False
+
+
+def _warn_collision(module_name: str, module: ModuleType, candidates: list[str], what: str, attribute: str) -> None:
+    name = module.__name__
+    if any(_is_from(module, c) for c in candidates) or name in _warned:
+        return
+    _warned.add(name)
+    where = getattr(module, "__file__", None) or ", ".join(getattr(module, "__path__", []) or []) or "built in"
+    local = candidates[0]
+    fix = "Rename the local file or folder"
+    if local.endswith(".py") and module_name == name:
+        fix += f", or name the file by path ('./{os.path.basename(local)}:{attribute}')"
+    print(f"trainwell train: warning: {what}: {name!r} is the importable module {where}, not {local}: installed "
+          f"and already imported modules win over files beside the config or in the current directory. {fix}.",
+          file=sys.stderr)
+
+
+def _load_file_module(reference: str, what: str) -> ModuleType:
+    """The module of a ``.py`` file named by path (relative to the config's folder, then the current directory),
+    loaded under a private name, so it never takes the place of an installed module of the same name."""
+    path = os.path.expanduser(reference)
+    if not os.path.isabs(path):
+        tried = [os.path.join(folder, path) for folder in (_folders or [os.getcwd()])]
+        path = next((p for p in tried if os.path.isfile(p)), tried[0])
+    path = os.path.realpath(path)
+    if not os.path.isfile(path):
+        raise CliError(f"{what}: no such file {reference!r} (looked in {', '.join(_folders or [os.getcwd()])}).")
+    stem = re.sub(r"\W", "_", Path(path).stem)
+    name = f"{_FILE_MODULE_PREFIX}{stem}_{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise CliError(f"{what}: cannot load {reference!r} as a Python module.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickle look the module up by name
+    try:
+        with _local_import((os.path.dirname(path),)):
+            spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _import_module(module_name: str, what: str, attribute: str) -> ModuleType:
+    try:
+        if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+            return _load_file_module(module_name, what)
+        top = module_name.partition(".")[0]
+        candidates = _local_candidates(top)
+        if _importable(top):
+            try:
+                return importlib.import_module(module_name)
+            finally:
+                if candidates and top in sys.modules:
+                    _warn_collision(module_name, sys.modules[top], candidates, what, attribute)
+        with _local_import():
+            return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        looked = f", then in {' and '.join(_folders)}" if _folders else ""
+        raise CliError(f"{what}: cannot import module {module_name!r} ({err}). Factory modules are looked up "
+                       f"among the installed modules and PYTHONPATH{looked}.") from None
 
 
 def import_object(reference: str, what: str) -> Any:
-    """The object named by ``"package.module:attribute"`` (``attribute`` may be dotted)."""
-    module_name, colon, attribute = str(reference).partition(":")
+    """The object named by ``"package.module:attribute"`` or ``"path/to/file.py:attribute"`` (``attribute``
+    may be dotted)."""
+    module_name, colon, attribute = str(reference).rpartition(":")
     if not colon or not module_name or not attribute:
         raise CliError(f"{what}: {reference!r} is not a 'package.module:attribute' reference.")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        raise CliError(f"{what}: cannot import module {module_name!r} ({err}). Is it on PYTHONPATH?") from None
+    obj: Any = _import_module(module_name, what, attribute)
     for part in attribute.split("."):
         if not hasattr(obj, part):
             names = [n for n in dir(obj) if not n.startswith("_")]

@@ -58,10 +58,19 @@ def run(ns: argparse.Namespace) -> int:
     if ns.print_config:
         print(json.dumps({**sections, **args.to_dict()}, indent=2, default=str))
         return 0
+    from trainwell.cli import build
+
+    # Factory modules the config names may live beside it or in the current directory: those folders are searched
+    # only for names that are not importable otherwise, and go on sys.path after the installed packages, for this
+    # run only (see build.py and docs/cli.md).
+    with build.factory_folders(ns.config):
+        return _train(sections, args)
+
+
+def _train(sections: dict[str, Any], args: Any) -> int:
     from trainwell import Trainer
     from trainwell.cli import build
 
-    build.add_import_paths(ns.config)
     model = build.build_model(sections.get("model"))
     train_dataset, eval_dataset = build.build_data(sections.get("data"))
     extra = {}
