@@ -59,3 +59,18 @@ def test_the_grad_scaler_state_is_saved_in_scaler_pt_and_restored(out_dir):
 def test_without_a_scaler_no_scaler_pt_is_written(out_dir):
     _trainer(out_dir, max_steps=2, save_strategy="steps", save_steps=2).train()
     assert not os.path.exists(os.path.join(out_dir, "checkpoint-2", "scaler.pt"))
+
+
+def test_trainers_with_different_precisions_train_in_one_process(tmp_path):
+    """A notebook or a sweep builds Trainers one after another; each sets up its own precision."""
+    from tests.common.models import RegressionDataset, RegressionModel
+    from tests.conftest import make_args
+    from trainwell import Trainer
+
+    outputs = []
+    for name, precision in (("fp32", {}), ("bf16", {"bf16": True}), ("again-fp32", {})):
+        trainer = Trainer(model=RegressionModel(), args=make_args(str(tmp_path / name), max_steps=3, **precision),
+                          train_dataset=RegressionDataset())
+        outputs.append(trainer.train())
+        assert trainer.precision.mode == ("bf16" if precision else "no")
+    assert [o.global_step for o in outputs] == [3, 3, 3]
