@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwell import search, techniques, wiring
+from trainwell import checks, search, techniques, wiring
 from trainwell.backend.runtime import to_device
 from trainwell.checkpoint import contents
 from trainwell.checkpoint.contents import Phase
@@ -93,6 +93,7 @@ class Trainer:
         optimizer_cls_and_kwargs: tuple[type, dict[str, Any]] | None = None,
         preprocess_logits_for_metrics: Callable | None = None,
     ) -> None:
+        checks.check_early_inputs(args, optimizers)  # both are read before any other check could run
         self.args = args = args if args is not None else TrainingArguments(output_dir="tmp_trainer")
         self._memory_tracker = MemoryTracker(args.skip_memory_metrics)
         self._memory_tracker.start("init")
@@ -115,7 +116,7 @@ class Trainer:
         self._created_lr_scheduler = False
         self._train_batch_size = args.train_batch_size
         self._eval_loaders = loaders.EvalLoaders()
-        wiring.check_trainer_arguments(self)
+        checks.check_trainer_arguments(self)
         self.callback_handler = CallbackHandler(wiring.default_callbacks(args, self.runtime, callbacks), self.model,
                                                 processing_class, self.optimizer, self.lr_scheduler)
         if args.should_save:
@@ -159,7 +160,7 @@ class Trainer:
 
     @compute_metrics.setter
     def compute_metrics(self, value: Callable | None) -> None:
-        wiring.check_compute_metrics(value, bool(getattr(self.args, "batch_eval_metrics", False)))
+        checks.check_compute_metrics(value, bool(getattr(self.args, "batch_eval_metrics", False)))
         self.__dict__["_compute_metrics"] = value
 
     # ------------------------------------------------------------------------------------------ callbacks

@@ -1,15 +1,16 @@
-"""Building the Trainer's parts from its constructor arguments, and checking those arguments.
+"""Building the Trainer's parts from its constructor arguments.
 
 Owns what ``Trainer.__init__`` (and a ``model_init`` run of ``train()``) decides once: the model (given, or
 built by ``model_init``, placed on the device), :class:`ModelInfo` (what the model's ``forward`` takes and how
 its loss is normalized, read once), the default collator, the default callbacks (flow, trackers, progress,
-preemption saves), and the checks of the constructor's arguments that must fail before any work. The
-Trainer keeps the results; nothing here runs during training.
+preemption saves), the reference's public attributes and the runtime. Checking the inputs is
+``trainwell.checks``'; nothing here runs during training.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainwell.checks import checked_callbacks, short_repr
 from trainwell.data import loaders
-from trainwell.loop.plan import require_max_steps
 from trainwell.utils import model as model_utils
 
 
@@ -77,15 +78,35 @@ def build_model(
             "Trainer got both model and model_init: pass only one (model_init builds a fresh model for each "
             "train() call, e.g. for hyperparameter search)."
         )
+    if model_init is not None and not callable(model_init):
+        raise TypeError(
+            f"model_init={short_repr(model_init)}: pass a function that returns a fresh torch.nn.Module "
+            "(called as model_init() or model_init(trial)), or None and a model."
+        )
     if model is None:
         if model_init is None:
             raise RuntimeError("Trainer requires either a model or a model_init function.")
         model = make()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model_init returned {short_repr(model)} ({type(model).__name__}): it must return a "
+                            "torch.nn.Module, e.g. return AutoModelForSequenceClassification.from_pretrained(name).")
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+        raise TypeError(_not_a_module(model))
     if not getattr(model, "hf_device_map", None):
         model = model.to(device)
     return model
+
+
+def _not_a_module(model: Any) -> str:
+    shown = f"model={short_repr(model)}"
+    if isinstance(model, (str, os.PathLike)):
+        return (f"{shown}: pass a torch.nn.Module, not a name or path. Build the model first, e.g. "
+                f"model=AutoModelForSequenceClassification.from_pretrained({str(model)!r}) (transformers), "
+                "then pass it to the Trainer.")
+    if isinstance(model, type):
+        return f"{shown}: pass an instance, not the class, e.g. model={model.__name__}(...)."
+    return (f"{shown}: pass a torch.nn.Module (e.g. a transformers PreTrainedModel), or model_init=a function "
+            f"that returns one (got {type(model).__name__}).")
 
 
 def call_model_init(model_init: Callable, trial: Any) -> nn.Module:
@@ -129,62 +150,17 @@ def default_callbacks(args: Any, runtime: Any, user: list | None) -> list:
     from trainwell.integrations import reporting_callbacks
 
     # Set before any callback is built, so trackers and the progress display log at the chosen level.
+    user = checked_callbacks(user)
     apply_log_level(args)
     callbacks: list[Any] = [DefaultFlowCallback]
     callbacks += reporting_callbacks(args.report_to)
-    callbacks += list(user or [])
+    callbacks += user
     callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
     if args.enable_jit_checkpoint:
         from trainwell.checkpoint.preemption import JITCheckpointCallback
 
         callbacks.append(JITCheckpointCallback(runtime.reduce_sum if runtime.distributed else None))
     return callbacks
-
-
-def check_trainer_arguments(trainer: Any) -> None:
-    """Constructor arguments that cannot work together: an error naming the fix, before any work."""
-    args = trainer.args
-    if trainer.optimizer_cls_and_kwargs is not None and trainer.optimizer is not None:
-        raise RuntimeError("Pass either optimizers or optimizer_cls_and_kwargs to the Trainer, not both.")
-    if trainer.model_init is not None and (trainer.optimizer is not None or trainer.lr_scheduler is not None):
-        raise RuntimeError(
-            "optimizers cannot be combined with model_init: the optimizer must be built for each fresh model. "
-            "Override create_optimizer_and_scheduler instead."
-        )
-    strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
-    if strategy != "no" and trainer.eval_dataset is None:
-        raise ValueError(
-            f"eval_strategy={strategy!r} needs an eval_dataset: pass eval_dataset to the Trainer, or set "
-            "eval_strategy='no'."
-        )
-    save = getattr(args.save_strategy, "value", args.save_strategy)
-    if (save == "best" or args.load_best_model_at_end) and args.metric_for_best_model is None:
-        raise ValueError(
-            "save_strategy='best' and load_best_model_at_end need metric_for_best_model: name the metric to "
-            "compare (e.g. metric_for_best_model='loss')."
-        )
-    if trainer.data_collator is not None and not callable(trainer.data_collator):
-        raise TypeError(f"data_collator must be callable, got {type(trainer.data_collator).__name__}.")
-    if trainer.train_dataset is not None:
-        require_max_steps(loaders.has_length(trainer.train_dataset), args.max_steps)
-
-
-def check_compute_metrics(compute_metrics: Callable | None, batch_eval_metrics: bool) -> None:
-    """With ``batch_eval_metrics``, ``compute_metrics`` is called per batch and must accept ``compute_result``."""
-    if not batch_eval_metrics or compute_metrics is None:
-        return
-    try:
-        params = inspect.signature(compute_metrics).parameters
-    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
-        return
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if "compute_result" not in params and not takes_kwargs:
-        name = getattr(compute_metrics, "__qualname__", type(compute_metrics).__name__)
-        raise ValueError(
-            f"batch_eval_metrics=True calls compute_metrics once per batch as compute_metrics(eval_pred, "
-            f"compute_result=...), but {name} takes no compute_result argument. Add a compute_result parameter "
-            "(accumulate per batch; return the metrics when it is True), or set batch_eval_metrics=False."
-        )
 
 
 def enable_activation_checkpointing(model: nn.Module, kwargs: dict | None) -> None:

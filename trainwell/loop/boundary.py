@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainwell.checks import is_metric_number, short_repr
 from trainwell.events.monitor import greater_is_better, is_improvement, metric_key
 from trainwell.optim.schedulers import steps_on_metrics
 from trainwell.techniques import batch_size
@@ -98,7 +99,7 @@ def determine_best_metric(hooks: TrainerHooks, metrics: dict[str, float]) -> boo
     args, state = hooks.args, hooks.state
     if args.metric_for_best_model is None:
         return False
-    value = float(_metric(metrics, metric_key(args)))
+    value = float(_metric(metrics, metric_key(args), args.metric_for_best_model))
     if is_improvement(value, state.best_metric, greater_is_better(args)):
         state.best_metric = value
         state.best_global_step = state.global_step
@@ -106,11 +107,22 @@ def determine_best_metric(hooks: TrainerHooks, metrics: dict[str, float]) -> boo
     return False
 
 
-def _metric(metrics: dict[str, Any], key: str) -> Any:
+def _metric(metrics: dict[str, Any], key: str, name: str | None = None) -> Any:
+    """``metrics[key]``: a KeyError naming metric_for_best_model and the metrics produced when it is missing, a
+    TypeError when it is not a number."""
+    shown = f"metric_for_best_model={name!r}" if name else f"metric_for_best_model (as {key!r})"
+    bare = key[len("eval_"):] if key.startswith("eval_") else key
     if key not in metrics:
         raise KeyError(
-            f"metric_for_best_model refers to {key!r}, which the evaluation did not produce "
-            f"(available: {sorted(metrics)}). Set metric_for_best_model to one of those, or return it from "
+            f"{shown}: the evaluation produced no {key!r}; it produced {', '.join(sorted(metrics)) or 'nothing'}. "
+            f"Set metric_for_best_model to one of those (the 'eval_' prefix is optional), or return {bare!r} from "
             "compute_metrics."
         )
-    return metrics[key]
+    value = metrics[key]
+    if not is_metric_number(value):
+        raise TypeError(
+            f"{shown}: the evaluation's {key!r} is {short_repr(value, 60)} ({type(value).__name__}), but the best "
+            f"model is chosen by comparing numbers. Return a number for {bare!r} from compute_metrics, or choose "
+            "another metric_for_best_model."
+        )
+    return value

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from trainwell.checks import check_compute_metrics, checked_metrics
 from trainwell.data.loaders import has_length
 from trainwell.data.sharding import step_counts
 from trainwell.loop.accumulation import find_batch_size
@@ -35,7 +36,6 @@ from trainwell.loop.progress import has_train_eval_modes
 from trainwell.outputs import EvalLoopOutput, EvalPrediction, PredictionOutput
 from trainwell.utils import model as model_utils
 from trainwell.utils.metrics import finite_mean, speed_metrics, to_python
-from trainwell.wiring import check_compute_metrics
 
 if TYPE_CHECKING:
     from trainwell.hooks import TrainerHooks
@@ -231,7 +231,7 @@ class _EvalRun:
         )
         result = self.trainer.compute_metrics(prediction, compute_result=is_last)
         if is_last:
-            self.metrics = dict(result) if result is not None else {}
+            self.metrics = checked_metrics(result, self.trainer.compute_metrics)
 
     def _flush(self) -> None:
         """Move the staged batches to the host (one device sync for the whole stage)."""
@@ -250,8 +250,8 @@ class _EvalRun:
                 predictions=preds, label_ids=labels, inputs=inputs if self.include_inputs else None,
                 losses=losses if self.include_loss else None,
             )
-            metrics = trainer.compute_metrics(prediction)
-        metrics = to_python(dict(metrics or {}))
+            metrics = checked_metrics(trainer.compute_metrics(prediction), trainer.compute_metrics)
+        metrics = to_python(dict(metrics))
         if losses is not None and len(losses):
             metrics["loss"] = finite_mean(np.asarray(losses, dtype=np.float64).tolist(), args.logging_nan_inf_filter)
         dataset = getattr(self.dataloader, "dataset", None)

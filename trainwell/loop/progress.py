@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -42,19 +43,34 @@ class LossTracker:
         self.total: Any = 0.0 if self.on_host else torch.zeros((), device=device)
         self.logged_total = 0.0  #: every loss taken so far in this train() call
         self.last_logged_step = last_logged_step  #: the global step of the last loss log
+        self.added = 0  #: losses added since the last take
+        self.nonfinite: Any = 0  #: of those, the NaN or infinite ones (a device tensor on an accelerator)
+        self.empty: Any = 0  #: micro-batches since the last take whose labels are all -100 (when counted)
+        self.warned: set[str] = set()
 
     def add(self, loss: torch.Tensor, steps_since_log: int) -> None:
         # A non-finite loss is replaced by the mean loss per step since the last log, as the reference does.
+        self.added += 1
         if self.on_host:
             value = float(loss)
-            if self.nan_inf_filter and not math.isfinite(value):
-                value = self.total / (1 + steps_since_log)
+            if not math.isfinite(value):
+                self.nonfinite += 1
+                if self.nan_inf_filter:
+                    value = self.total / (1 + steps_since_log)
             self.total += value
-        elif self.nan_inf_filter:
+            return
+        finite = torch.isfinite(loss)
+        self.nonfinite = self.nonfinite + finite.logical_not().sum()  # no sync: read at the log step
+        if self.nan_inf_filter:
             fallback = self.total / (1 + steps_since_log)
-            self.total = self.total + torch.where(torch.isfinite(loss), loss.to(self.total.dtype), fallback)
+            self.total = self.total + torch.where(finite, loss.to(self.total.dtype), fallback)
         else:
             self.total = self.total + loss
+
+    def count_empty(self, micro_items: list[Any]) -> None:
+        """Note the micro-batches of a window with no loss items (every label -100); no host sync."""
+        for items in micro_items:
+            self.empty = self.empty + (items == 0)
 
     def window(self, mean_over_processes: Any) -> dict[str, Any]:
         """What a checkpoint keeps of the log window in progress, so the first log after a resume averages the
@@ -74,7 +90,30 @@ class LossTracker:
         """The sum since the last take (a sync point on an accelerator), resetting it."""
         value = self.total
         self.total = 0.0 if self.on_host else torch.zeros((), device=self.device)
+        self._check_window()
         return value
+
+    def _check_window(self) -> None:
+        """Warn (once per run) when every loss of the window was NaN/inf, or some batches had no labels."""
+        added, nonfinite, empty = self.added, int(self.nonfinite), int(self.empty)  # take() syncs anyway
+        self.added, self.nonfinite, self.empty = 0, 0, 0
+        since = f"since step {self.last_logged_step}"
+        if added and nonfinite == added and "nonfinite" not in self.warned:
+            self.warned.add("nonfinite")
+            filtered = ("logging_nan_inf_filter=True logged the running mean in their place, which hides it"
+                        if self.nan_inf_filter else "the logged loss is NaN/inf")
+            warnings.warn(
+                f"The training loss was NaN or infinite on every one of the {added} micro-batches {since}: "
+                f"{filtered}. The weights are likely NaN now. Lower learning_rate, set max_grad_norm (e.g. 1.0), "
+                "use bf16 instead of fp16, and check the data (a batch whose labels are all -100 has a NaN mean "
+                "loss).", RuntimeWarning, stacklevel=2)
+        if empty and "empty" not in self.warned:
+            self.warned.add("empty")
+            warnings.warn(
+                f"{empty} of the {added} micro-batches {since} had every label -100 (ignored): they train nothing, "
+                "and a model that averages its loss returns NaN for them. Check the labels: truncation "
+                "(max_length) cutting off every target, or a completion-only collator that did not find its "
+                "response template.", RuntimeWarning, stacklevel=2)
 
 
 class TrainingRun:

@@ -113,6 +113,7 @@ class OptimizerStep:
             return None, None
         device = self.runtime.device
         micro = [count_items(b, self.label_names, self.shift_labels) for b in batches]
+        self.run.losses.count_empty(micro)
         total = sum(micro[1:], micro[0])  # stays a device tensor when the counts are (no host sync)
         if self.average_across:
             total = self.runtime.reduce_sum(torch.as_tensor(total, device=device))
