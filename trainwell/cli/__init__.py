@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
-    namespace = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    namespace, unknown = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    if unknown:  # a subcommand may say how its arguments go (``train``: the config file comes first)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}" + getattr(namespace, "_usage_hint", ""))
     if namespace.command is None:
         parser.print_help()
         return 2

@@ -21,6 +21,7 @@ import csv
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from types import ModuleType
 from typing import Any
 
 from trainwell.cli import CliError
+from trainwell.cli.config import ConfigPath
 from trainwell.utils.errors import choice_error, did_you_mean
 
 FORMATS = ("jsonl", "csv", "text")
@@ -230,19 +232,71 @@ def _check_keys(spec: dict[str, Any], allowed: tuple[str, ...], what: str) -> No
                            + did_you_mean(key, allowed))
 
 
-def call_factory(spec: Any, what: str, call_plain: bool) -> Any:
-    """Resolve a factory reference. A plain string is called with no arguments when ``call_plain`` (models,
-    data) and returned as is otherwise (a collator or metrics function *is* the callable)."""
+def _describe(parameters: list[inspect.Parameter]) -> str:
+    shown = [p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in parameters]
+    return ", ".join(shown) or "no parameters"
+
+
+def check_call(factory: Any, kwargs: dict[str, Any], what: str, reference: str) -> None:
+    """``CliError`` unless ``factory(**kwargs)`` binds: names the config key, the unknown or missing keyword
+    argument, the parameters the factory takes and the closest one. A factory taking ``**kwargs`` takes any."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # some builtins and C types have no signature: let the call itself tell
+        return
+    params = list(signature.parameters.values())
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    names = [p.name for p in named]
+    for key in kwargs:
+        if key not in names:
+            raise CliError(f"{what}.kwargs: {reference} has no parameter {key!r}; it takes: {_describe(named)}."
+                           + did_you_mean(key, names))
+    missing = [p.name for p in params if p.default is p.empty and p.name not in kwargs
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if missing:
+        raise CliError(f"{what}: {reference} needs {', '.join(map(repr, missing))}: set it under {what}.kwargs "
+                       f"({{factory: {reference}, kwargs: {{{missing[0]}: ...}}}}); it takes: {_describe(named)}.")
+
+
+def resolve_factory(spec: Any, what: str, call_plain: bool) -> tuple[Any, dict[str, Any] | None]:
+    """``(callable, kwargs)`` for a factory reference, the keyword arguments checked against the callable's
+    signature (nothing is called); ``kwargs`` is ``None`` for a plain string that is not to be called."""
     if isinstance(spec, str):
         obj = import_object(spec, what)
-        return obj() if call_plain else obj
+        if call_plain:
+            check_call(obj, {}, what, spec)
+        return obj, ({} if call_plain else None)
     if isinstance(spec, dict) and "factory" in spec:
         _check_keys(spec, _FACTORY_KEYS, what)
         kwargs = spec.get("kwargs") or {}
         if not isinstance(kwargs, dict):
             raise CliError(f"{what}.kwargs must be a mapping, got {type(kwargs).__name__}.")
-        return import_object(spec["factory"], what)(**kwargs)
+        obj = import_object(spec["factory"], what)
+        check_call(obj, kwargs, what, str(spec["factory"]))
+        return obj, kwargs
     raise CliError(f"{what}: expected 'package.module:attribute' or {{factory: ..., kwargs: {{...}}}}, got {spec!r}.")
+
+
+def call_factory(spec: Any, what: str, call_plain: bool) -> Any:
+    """Resolve a factory reference. A plain string is called with no arguments when ``call_plain`` (models,
+    data) and returned as is otherwise (a collator or metrics function *is* the callable)."""
+    obj, kwargs = resolve_factory(spec, what, call_plain)
+    return obj if kwargs is None else obj(**kwargs)
+
+
+# section -> whether a plain 'module:attribute' reference is called (models, data) or is the callable itself.
+FACTORY_SECTIONS = {"model": True, "data": True, "data_collator": False, "compute_metrics": False}
+
+
+def check_factories(sections: dict[str, Any]) -> None:
+    """Import every factory the config names and check its keyword arguments, before anything is built."""
+    for section, call_plain in FACTORY_SECTIONS.items():
+        spec = sections.get(section)
+        if spec is None or (section == "data" and isinstance(spec, dict) and "factory" not in spec):
+            continue
+        resolve_factory(spec, section, call_plain)
 
 
 def build_model(spec: Any) -> Any:
@@ -292,9 +346,11 @@ def load_file(spec: Any, what: str) -> tuple[Any, Any]:
     if not isinstance(spec, dict) or "path" not in spec:
         raise CliError(f"{what}: expected a file path or {{path: ..., format: ...}}, got {spec!r}.")
     _check_keys(spec, _FILE_KEYS, what)
-    path = str(spec["path"])
+    given = spec["path"]
+    path = str(given)
     if not Path(path).is_file():
-        raise FileNotFoundError(f"{what}: no such file {path!r}.")
+        where = given.explain() if isinstance(given, ConfigPath) else f"{path!r} (in {os.getcwd()})"
+        raise FileNotFoundError(f"{what}: no such file {where}.")
     fmt = spec.get("format") or _SUFFIX_FORMAT.get(Path(path).suffix.lower(), "text")
     if fmt not in FORMATS:
         raise choice_error(f"{what}.format", fmt, FORMATS)

@@ -3,7 +3,9 @@
 A config is one YAML or JSON mapping. Its keys are ``TrainingArguments`` fields (any of them) plus the
 sections in ``SECTIONS`` (model, data, ...). Overrides ``--key value`` from the command line win over the
 file; ``--a.b.c value`` sets a nested key. Every error names the key and what is allowed (with a
-did-you-mean). Building models and datasets from a checked config belongs to ``trainwell.cli.build``.
+did-you-mean). Relative file paths resolve against the config's folder, or the current directory for
+overrides (``resolve_paths``); ``TEMPLATE`` is what ``--print-config`` prints without a config. Building models
+and datasets from a checked config belongs to ``trainwell.cli.build``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +186,110 @@ def split_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     if not isinstance(sections.get("report", True), bool):
         raise CliError(f"report={sections['report']!r}: pass true (write OUTPUT_DIR/report/) or false.")
     return sections, training
+
+
+# --- paths -----------------------------------------------------------------------------------------------------------
+
+# TrainingArguments fields that may name a JSON file to read (they also take a dict or a JSON object string).
+INPUT_FILE_FIELDS = ("accelerator_config", "deepspeed", "fsdp_config")
+
+
+class ConfigPath(str):
+    """An absolute path resolved from a relative one; remembers what was written and against which folder."""
+
+    given: str
+    base: str
+    origin: str  # "config" (relative to the config's folder) or "command line" (relative to the current directory)
+
+    def __new__(cls, given: str, base: str, origin: str) -> ConfigPath:
+        path = super().__new__(cls, os.path.normpath(os.path.join(base, os.path.expanduser(given))))
+        path.given, path.base, path.origin = given, base, origin
+        return path
+
+    def explain(self) -> str:
+        """Where a missing file was looked for, and why there."""
+        if os.path.isabs(os.path.expanduser(self.given)):
+            return f"{self.given!r}"
+        rule = ("relative paths in a config file are relative to the config's folder" if self.origin == "config"
+                else "relative paths given on the command line are relative to the current directory")
+        return f"{self.given!r}: looked for {str(self)} ({rule}, {self.base})"
+
+
+def _path_keys(config: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The keys (as tuples) of the config's file paths: data files and JSON config files of TrainingArguments."""
+    keys: list[tuple[str, ...]] = []
+    data = config.get("data")
+    if isinstance(data, dict) and "factory" not in data:
+        for split in ("train", "eval"):
+            value = data.get(split)
+            if isinstance(value, (str, os.PathLike)):
+                keys.append(("data", split))
+            elif isinstance(value, dict) and isinstance(value.get("path"), (str, os.PathLike)):
+                keys.append(("data", split, "path"))
+    for field in INPUT_FILE_FIELDS:
+        value = config.get(field)
+        if isinstance(value, str) and not value.lstrip().startswith("{"):
+            keys.append((field,))
+    return keys
+
+
+def resolve_paths(config: dict[str, Any], config_path: str, overridden: list[str]) -> None:
+    """Make the config's relative file paths absolute, in place: against the config's folder, or against the
+    current directory for a value set by a command-line override (a name in ``overridden``, dotted)."""
+    config_dir = os.path.dirname(os.path.abspath(config_path))
+    for keys in _path_keys(config):
+        dotted = ".".join(keys)
+        from_cli = any(dotted == name or dotted.startswith(name + ".") for name in overridden)
+        node = config
+        for key in keys[:-1]:
+            node = node[key]
+        base, origin = (os.getcwd(), "command line") if from_cli else (config_dir, "config")
+        node[keys[-1]] = ConfigPath(os.fspath(node[keys[-1]]), base, origin)
+
+
+# --- template --------------------------------------------------------------------------------------------------------
+
+TEMPLATE = """\
+# A trainwell train config. Run it with: trainwell train CONFIG.yaml [--key value ...]
+# Fill in the model factory and the data files. The TrainingArguments below show their defaults.
+# Relative data paths are relative to this file's folder; output_dir is relative to the current directory.
+# Every key is checked before training starts. See docs/cli.md.
+
+# model: a factory returning a torch.nn.Module: 'package.module:function' (called with no arguments),
+# a file beside this config ('./my_model.py:build'), or a factory with keyword arguments:
+model:
+  factory: mypackage.models:build_model   # FILL IN
+  kwargs: {}                              # checked against the factory's parameters, e.g. {hidden_size: 256}
+
+# data: files (JSONL, CSV or plain text, by suffix), or a factory returning {train: ..., eval: ...},
+# (train, eval) or one training dataset, e.g. data: mypackage.data:load
+data:
+  train: data/train.jsonl                 # FILL IN; or {path: ..., format: csv, columns: [...], eval_fraction: 0.1}
+  # eval: data/eval.jsonl                 # optional evaluation set
+
+# data_collator: trainwell:default_data_collator   # optional: a callable, or {factory: ..., kwargs: {...}}
+# compute_metrics: mypackage.metrics:accuracy      # optional: a function taking an EvalPrediction
+
+resume_from_checkpoint: auto   # a checkpoint path, true, false, or auto (the newest checkpoint if any)
+report: true                   # write OUTPUT_DIR/report/ (plots and a summary) at the end
+
+# TrainingArguments: any field may be set here, or on the command line as --key value.
+output_dir: trainer_output
+num_train_epochs: 3.0
+max_steps: -1                  # a positive number overrides num_train_epochs
+per_device_train_batch_size: 8
+per_device_eval_batch_size: 8
+gradient_accumulation_steps: 1
+learning_rate: 5.0e-05
+weight_decay: 0.0
+lr_scheduler_type: linear
+warmup_steps: 0
+eval_strategy: 'no'            # no, steps or epoch (with steps, set eval_steps)
+logging_steps: 500
+save_strategy: steps           # no, steps, epoch or best
+save_steps: 500
+save_total_limit: null         # keep only the newest N checkpoints
+seed: 42
+bf16: false
+report_to: none                # or trackers: [tensorboard, wandb, csv, jsonl, ...]
+"""

@@ -2,7 +2,8 @@
 
 Reads the config (``trainwell.cli.config``), builds the model and data (``trainwell.cli.build``), trains
 with any ``TrainingArguments`` the config sets, evaluates, saves the model and state, writes the run report,
-and prints where everything is. ``--print-config`` shows the merged config and exits without training.
+and prints where everything is. ``--print-config`` shows the merged config and exits without training;
+without a config it prints a commented template. Relative paths: see ``trainwell.cli.config.resolve_paths``.
 """
 
 from __future__ import annotations
@@ -14,21 +15,35 @@ from typing import Any
 
 from trainwell.cli import CliError
 
+USAGE = ("trainwell train CONFIG.yaml [--key value ...]\n"
+         "       trainwell train --print-config [CONFIG.yaml [--key value ...]]")
+
+_NO_CONFIG = ("no config file given. Run `trainwell train CONFIG.yaml`; the --key value overrides after it are "
+              "optional (e.g. `trainwell train run.yaml --max_steps 100`). To start a config, "
+              "`trainwell train --print-config > run.yaml` writes a commented template.")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="a .yaml/.yml/.json file: TrainingArguments fields plus model/data sections")
-    parser.add_argument("--print-config", action="store_true", help="print the merged config and exit")
+    parser.usage = USAGE
+    parser.set_defaults(_usage_hint=". The config file comes first, then the optional overrides: "
+                                    "trainwell train CONFIG.yaml --key value ...")
+    parser.add_argument("config", nargs="?", metavar="CONFIG.yaml",
+                        help="a .yaml/.yml/.json file: TrainingArguments fields plus model/data sections")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the merged config and exit; without CONFIG.yaml, print a commented template")
     parser.add_argument("overrides", nargs=argparse.REMAINDER, metavar="--key value",
-                        help="override any config key (TrainingArguments fields, or nested keys like "
+                        help="optional: override any config key (TrainingArguments fields, or nested keys like "
                              "--model.kwargs.size tiny); these win over the file")
 
 
 def prepare(config_path: str, overrides: list[str]) -> tuple[dict[str, Any], Any]:
-    """``(sections, TrainingArguments)`` from the file and overrides, every key and value checked."""
+    """``(sections, TrainingArguments)`` from the file and overrides, every key and value checked. Relative file
+    paths become absolute: those in the file against its folder, those in overrides against the current one."""
     from trainwell.cli import config as cfg
     from trainwell.training_args import TrainingArguments
 
     merged = cfg.apply_overrides(cfg.read_config(config_path), overrides)
+    cfg.resolve_paths(merged, config_path, [name for name, _ in cfg.split_overrides(overrides)])
     sections, training = cfg.split_config(merged)
     training.setdefault("output_dir", "trainer_output")
     try:
@@ -54,6 +69,8 @@ def run(ns: argparse.Namespace) -> int:
     # argparse's REMAINDER also swallows this command's own flag when it comes after the config path.
     ns.print_config = ns.print_config or "--print-config" in ns.overrides
     overrides = [t for t in ns.overrides if t not in ("--", "--print-config")]
+    if ns.config is None:
+        return _without_config(ns.print_config)
     sections, args = prepare(ns.config, overrides)
     if ns.print_config:
         print(json.dumps({**sections, **args.to_dict()}, indent=2, default=str))
@@ -64,7 +81,17 @@ def run(ns: argparse.Namespace) -> int:
     # only for names that are not importable otherwise, and go on sys.path after the installed packages, for this
     # run only (see build.py and docs/cli.md).
     with build.factory_folders(ns.config):
+        build.check_factories(sections)
         return _train(sections, args)
+
+
+def _without_config(print_config: bool) -> int:
+    if not print_config:
+        raise CliError(_NO_CONFIG)
+    from trainwell.cli.config import TEMPLATE
+
+    print(TEMPLATE, end="")
+    return 0
 
 
 def _train(sections: dict[str, Any], args: Any) -> int:
