@@ -4,12 +4,15 @@ Nothing is downloaded: the model is ``trainwell.examples.bytelm`` and the text i
 files (``trainwell.examples.bytedata``), split into train and validation by file. The run shows a progress
 bar, evaluates validation loss and perplexity, saves checkpoints, prints a generated sample, writes a run
 report, and says where everything is. Run it again with the same ``--output-dir`` and it resumes from the
-newest complete checkpoint (Ctrl-C, then the same command, shows exact resume).
+newest complete checkpoint: Ctrl-C saves a checkpoint of the step in progress (``enable_jit_checkpoint``),
+and the same command then resumes there exactly. A rerun of a finished run says so at once, before building
+anything, and leaves its files alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import time
@@ -49,13 +52,17 @@ def _check_device(device: str) -> None:
         raise CliError("--device mps: the MPS backend is not available. Use --device auto or cpu.")
 
 
+def _check_steps(steps: int) -> None:
+    if steps < 1:
+        raise CliError(f"--steps {steps}: pass a positive number of steps.")
+
+
 def training_arguments(ns: argparse.Namespace, resuming: bool) -> Any:
     """The demo's ``TrainingArguments``: cosine schedule with warmup, evaluation and checkpoints at each of
     ``ns.evals`` evenly spaced steps, token counting for the throughput shown on the bar."""
     from trainwell import TrainingArguments
 
-    if ns.steps < 1:
-        raise CliError(f"--steps {ns.steps}: pass a positive number of steps.")
+    _check_steps(ns.steps)
     every = max(1, ns.steps // max(1, ns.evals))
     return TrainingArguments(
         output_dir=ns.output_dir, max_steps=ns.steps, per_device_train_batch_size=ns.batch_size,
@@ -66,6 +73,7 @@ def training_arguments(ns: argparse.Namespace, resuming: bool) -> Any:
         include_num_input_tokens_seen="all", report_to=ns.report_to, seed=ns.seed, data_seed=ns.seed,
         use_cpu=ns.device == "cpu", disable_tqdm=False, dataloader_num_workers=0,
         dataloader_pin_memory=ns.device in ("auto", "cuda") and _gpu_present(),
+        enable_jit_checkpoint=True,  # Ctrl-C saves the step in progress, so the rerun resumes there
     )
 
 
@@ -93,13 +101,37 @@ def _eval_losses(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
 
 def run(ns: argparse.Namespace) -> int:
     _check_device(ns.device)
+    _check_steps(ns.steps)
     from trainwell.checkpoint.resume import get_last_checkpoint
+
+    started = time.monotonic()
+    resume = get_last_checkpoint(ns.output_dir) if os.path.isdir(ns.output_dir) else None
+    done = _finished_step(ns.output_dir, resume)
+    if done is not None and done >= ns.steps:
+        _say_complete(ns, done)  # before the data and the model are built: nothing to train, nothing rewritten
+        return 0
+    try:
+        trainer = _build_trainer(ns, resume)
+    except KeyboardInterrupt:
+        print("\ninterrupted while setting up, before any training step; nothing was saved. Run the same command "
+              "again to carry on.")
+        return 130
+    try:
+        result = trainer.train(resume_from_checkpoint=True if resume else None)
+    except KeyboardInterrupt:  # enable_jit_checkpoint saved the step in progress first (unless Ctrl-C twice)
+        _say_interrupted(ns, trainer.state.global_step)
+        return 130
+    trainer.save_model()
+    trainer.save_state()
+    _finish(ns, trainer, result, started)
+    return 0
+
+
+def _build_trainer(ns: argparse.Namespace, resume: str | None) -> Any:
     from trainwell.examples.bytedata import ByteBlocks, stdlib_corpus
     from trainwell.examples.bytelm import build_model
     from trainwell.utils.seed import set_seed
 
-    started = time.monotonic()
-    resume = get_last_checkpoint(ns.output_dir) if os.path.isdir(ns.output_dir) else None
     set_seed(ns.seed)  # the initial weights too follow --seed, so two fresh runs print the same numbers
     model = build_model(ns.size)
     block = model.config.block_size
@@ -114,18 +146,53 @@ def run(ns: argparse.Namespace) -> int:
         print(f"resuming from {resume} (another --output-dir starts afresh)")
     trainer = _make_trainer_class()(model=model, args=training_arguments(ns, bool(resume)), train_dataset=train,
                                     eval_dataset=validation)
-    print(f"device: {trainer.args.device}; training to step {ns.steps} in {ns.output_dir}\n")
+    print(f"device: {trainer.args.device}; training to step {ns.steps} in {ns.output_dir} "
+          "(Ctrl-C saves a checkpoint of the step in progress, then stops)\n")
+    return trainer
+
+
+def _finished_step(output_dir: str, checkpoint: str | None) -> int | None:
+    """The newest checkpoint's step when the run that wrote it also finished (its final ``trainer_state.json``
+    in ``output_dir`` is at least as far); None otherwise, so a run stopped after its last checkpoint but
+    before the model, state and report were written gets them on the next call."""
+    done = _state_step(checkpoint) if checkpoint else None
+    final = _state_step(output_dir) if done is not None else None
+    return done if final is not None and final >= done else None
+
+
+def _state_step(folder: str) -> int | None:
+    """The ``global_step`` in a folder's ``trainer_state.json`` (None when it cannot be read)."""
+    from trainwell.checkpoint.layout import TRAINER_STATE_NAME
+
     try:
-        result = trainer.train(resume_from_checkpoint=True if resume else None)
-    except KeyboardInterrupt:
-        last = get_last_checkpoint(ns.output_dir)
-        where = f"from {last}" if last else "from the start (no checkpoint was complete yet)"
-        print(f"\ninterrupted at step {trainer.state.global_step}. Run the same command again to resume {where}.")
-        return 130
-    trainer.save_model()
-    trainer.save_state()
-    _finish(ns, trainer, result, started)
-    return 0
+        with open(os.path.join(folder, TRAINER_STATE_NAME)) as fh:
+            return int(json.load(fh)["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _say_complete(ns: argparse.Namespace, done: int) -> None:
+    asked = "as --steps asks" if done == ns.steps else f"past the --steps {ns.steps} asked for"
+    print(f"{ns.output_dir} is already trained to step {done}, {asked}: nothing to train, and its files are left "
+          "as they are.")
+    print(f"To train further, run again with a larger --steps (e.g. --steps {2 * done}); it resumes from step "
+          f"{done}. Another --output-dir starts afresh.")
+    report = os.path.join(ns.output_dir, "report", "index.html")
+    if os.path.exists(report):
+        print(f"The run report: {report}")
+
+
+def _say_interrupted(ns: argparse.Namespace, step: int) -> None:
+    from trainwell.checkpoint.resume import get_last_checkpoint
+
+    last = get_last_checkpoint(ns.output_dir) if os.path.isdir(ns.output_dir) else None
+    if last is None:
+        where = "from the start (no checkpoint was complete yet)"
+    elif _state_step(last) == step:
+        where = f"from {last}, saved just now"
+    else:
+        where = f"from {last}"
+    print(f"\ninterrupted at step {step}. Run the same command again to resume {where}.")
 
 
 def _finish(ns: argparse.Namespace, trainer: Any, result: Any, started: float) -> None:
