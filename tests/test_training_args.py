@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 import trainwell.training_args as ta
-from trainwell.args import normalize, support
+from trainwell.args import aliases, normalize, support
 from trainwell.outputs import (
     HubStrategy,
     IntervalStrategy,
@@ -700,7 +700,7 @@ def test_removed_4x_argument_raises_with_replacement(name, value, hint):
 
 def test_every_alias_in_the_table_is_tested():
     tested = {name for kwargs, *_ in MAPPED_ALIASES for name in kwargs} | {name for name, *_ in REMOVED}
-    assert set(normalize.ALIASES_BY_NAME) <= tested
+    assert set(aliases.ALIASES_BY_NAME) <= tested
 
 
 def test_same_value_through_alias_and_name_is_fine():

@@ -24,7 +24,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainwell.args import normalize, support, validate
+from trainwell.args import aliases, normalize, support, validate
 from trainwell.outputs import (
     HubStrategy,
     IntervalStrategy,
@@ -114,7 +114,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 @dataclass
-class TrainingArguments(metaclass=normalize.AliasInitMeta):
+class TrainingArguments(metaclass=aliases.AliasInitMeta):
     """All the settings of a training run; pass it to ``Trainer(args=...)``.
 
     Same fields, types and defaults as ``transformers.TrainingArguments`` 5.23. ``__post_init__`` normalizes
@@ -479,7 +479,7 @@ class TrainingArguments(metaclass=normalize.AliasInitMeta):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
         """Build from a mapping such as :meth:`to_dict` output; unknown keys raise ``ValueError``."""
-        known = {f.name for f in fields(cls) if f.init} | set(normalize.ALIASES_BY_NAME)
+        known = {f.name for f in fields(cls) if f.init} | set(aliases.ALIASES_BY_NAME)
         validate.check_known_keys(data, known, cls.__name__)
         return cls(**data)
 

@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from trainwell.args.normalize import ALIASES, AliasInitMeta
+from trainwell.args.aliases import ALIASES, AliasInitMeta
 from trainwell.utils.errors import choice_error, did_you_mean
 
 _ALIAS_DEST = "trainwell_alias__"  # namespace prefix of the 4.x option names

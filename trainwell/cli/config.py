@@ -153,7 +153,7 @@ def check_key(key: str, fields: set[str] | None = None, where: str = "") -> None
     fields = training_fields() if fields is None else fields
     if key in fields or key in SECTIONS:
         return
-    from trainwell.args.normalize import ALIASES_BY_NAME
+    from trainwell.args.aliases import ALIASES_BY_NAME
 
     if key in ALIASES_BY_NAME:  # a 4.x name: TrainingArguments maps it, with its own FutureWarning
         return
