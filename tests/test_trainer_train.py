@@ -286,8 +286,8 @@ def test_report_to_none_means_no_reporting(out_dir):
 
 
 def test_unsupported_argument_is_an_error_naming_it(out_dir):
-    with pytest.raises(NotImplementedError, match="parallelism_config"):
-        make_args(out_dir, parallelism_config={"tp_size": 2})
+    with pytest.raises(NotImplementedError, match=r"parallelism_config.cp_size=2 .*CUDA-only"):
+        make_args(out_dir, parallelism_config={"cp_size": 2})
     with pytest.raises(NotImplementedError, match="debug='tpu_metrics_debug'.*underflow_overflow"):
         make_args(out_dir, debug="tpu_metrics_debug")
 

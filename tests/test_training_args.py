@@ -778,12 +778,37 @@ UNSUPPORTED_SAMPLES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(set(support.UNSUPPORTED) | set(support._ALLOWED_VALUES)))
-def test_unsupported_field_raises_when_set(name):
-    assert name in UNSUPPORTED_SAMPLES, f"add a sample value for {name}"
+# Every value trainwell refuses: the rows of support.py, TPU metrics, and the mesh dimensions it does not run.
+REFUSED = [(name, UNSUPPORTED_SAMPLES.get(name), f"TrainingArguments.{name}=")
+           for name in sorted(set(support.UNSUPPORTED) | set(support._ALLOWED_VALUES))] + [
+    ("debug", "tpu_metrics_debug", "TrainingArguments.debug='tpu_metrics_debug'"),
+    ("parallelism_config", {"cp_size": 2}, "TrainingArguments.parallelism_config.cp_size=2"),
+    ("parallelism_config", {"sp_size": 2}, "TrainingArguments.parallelism_config.sp_size=2"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "named"), REFUSED)
+def test_unsupported_value_raises_when_set(name, value, named):
+    assert value is not None, f"add a sample value for {name}"
     with pytest.raises(NotImplementedError) as err:
-        make(**{name: UNSUPPORTED_SAMPLES[name]})
-    assert f"TrainingArguments.{name}=" in str(err.value)
+        make(**{name: value})
+    assert named in str(err.value)
+
+
+def test_parallelism_config_from_a_dict_or_json_and_back():
+    from accelerate import ParallelismConfig
+
+    for given in ({"dp_shard_size": 2, "tp_size": 2}, '{"dp_shard_size": 2, "tp_size": 2}'):
+        config = make(parallelism_config=given).parallelism_config
+        assert isinstance(config, ParallelismConfig) and (config.dp_shard_size, config.tp_size) == (2, 2)
+    saved = make(parallelism_config={"tp_size": 2}).to_dict()["parallelism_config"]
+    assert saved["tp_size"] == 2 and saved["dp_shard_size"] == 1
+    given = ParallelismConfig(tp_size=2)
+    assert make(parallelism_config=given).parallelism_config is given
+    with pytest.raises(ValueError, match="parallelism_config got unknown key.*'tp_sise'.*tp_size"):
+        make(parallelism_config={"tp_sise": 2})
+    with pytest.raises(TypeError, match="parallelism_config=2: pass an accelerate.ParallelismConfig"):
+        make(parallelism_config=2)
 
 
 def test_unsupported_fields_at_their_defaults_are_fine():

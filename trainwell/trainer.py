@@ -98,7 +98,7 @@ class Trainer:
         self._memory_tracker = MemoryTracker(args.skip_memory_metrics)
         self._memory_tracker.start("init")
         self._seed()
-        wiring.attach_runtime(self)
+        wiring.attach_runtime(self, model)
         # log_level on the main process, log_level_replica on the others ("passive" keeps the current level)
         logging.getLogger("trainwell").setLevel(args.get_process_log_level())
         self.model_init = model_init
@@ -226,7 +226,7 @@ class Trainer:
         return build_plan(args, batches, examples, self.get_total_train_batch_size(args))
 
     def get_total_train_batch_size(self, args: TrainingArguments) -> int:
-        return self._train_batch_size * args.gradient_accumulation_steps * self.runtime.num_processes
+        return self._train_batch_size * args.gradient_accumulation_steps * self.runtime.data_parallel_size
 
     def num_examples(self, dataloader: Any) -> int:
         return loaders.num_examples(dataloader, self.args.per_device_train_batch_size)
@@ -356,7 +356,7 @@ class Trainer:
 
     def store_flos(self) -> None:
         flos = torch.tensor(float(self.current_flos), device=self.runtime.device)
-        self.state.total_flos += float(self.runtime.reduce_sum(flos).item())
+        self.state.total_flos += float(self.runtime.reduce_data_sum(flos).item())
         self.current_flos = 0
 
     # ------------------------------------------------------------------------------------------ logging
@@ -529,16 +529,16 @@ class Trainer:
         self.runtime.end()
 
     def get_tp_size(self) -> int:
-        """Tensor-parallel degree: trainwell does not shard tensors (FSDP2 and ZeRO shard parameters), so 1."""
-        return 1
+        """Tensor-parallel degree (``parallelism_config.tp_size``, or a model loaded tensor-parallel); 1 without."""
+        return self.runtime.tp_size
 
     def get_cp_size(self) -> int:
-        """Context-parallel degree: 1 (``parallelism_config`` is not supported, see ``args/support.py``)."""
-        return 1
+        """Context-parallel degree (``parallelism_config.cp_size``); 1 without."""
+        return self.runtime.cp_size
 
     def get_sp_size(self) -> int:
-        """Sequence-parallel degree: 1 (``parallelism_config`` is not supported, see ``args/support.py``)."""
-        return 1
+        """Sequence-parallel degree (``parallelism_config.sp_size``); 1 without."""
+        return self.runtime.sp_size
 
     def create_model_card(
         self, language: str | None = None, license: str | None = None, tags: str | list[str] | None = None,

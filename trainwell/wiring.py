@@ -194,8 +194,8 @@ def end_preemption(handler: Any) -> bool:
 def set_reference_attributes(trainer: Any) -> None:
     """The reference's public Trainer attributes that library subclasses read (TRL, sentence-transformers, ...)."""
     runtime = trainer.runtime
-    trainer.is_deepspeed_enabled, trainer.is_fsdp_enabled = runtime.uses_deepspeed, runtime.shards_model
-    trainer.place_model_on_device = not (trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled)
+    trainer.is_deepspeed_enabled, trainer.is_fsdp_enabled = runtime.uses_deepspeed, runtime.is_fsdp
+    trainer.place_model_on_device = not (trainer.is_deepspeed_enabled or runtime.shards_model)
     trainer.is_model_parallel, trainer.deepspeed, trainer.hp_name = False, None, None
     trainer.neftune_noise_alpha = trainer.args.neftune_noise_alpha
     trainer.hub_model_id, trainer.push_in_progress = None, None  # set by init_hf_repo
@@ -205,11 +205,12 @@ def set_reference_attributes(trainer: Any) -> None:
 RUNTIME_ATTRIBUTES = ("runtime", "precision", "accelerator", "gather_function")
 
 
-def attach_runtime(trainer: Any) -> None:
+def attach_runtime(trainer: Any, model: Any = None) -> None:
     """Build the Trainer's runtime (devices, Accelerate, precision) from its arguments: in ``__init__``, and again
-    in a process the Trainer was sent to without it (a Ray Tune worker)."""
+    in a process the Trainer was sent to without it (a Ray Tune worker). ``model``: the model given to the Trainer,
+    whose load-time tensor parallelism the runtime's device mesh must match."""
     from trainwell.backend.runtime import Runtime
 
-    trainer.runtime = Runtime(trainer.args)
+    trainer.runtime = Runtime(trainer.args, model)
     trainer.precision, trainer.accelerator = trainer.runtime.precision, trainer.runtime.accelerator
     trainer.gather_function = trainer.accelerator.gather_for_metrics

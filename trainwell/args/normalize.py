@@ -33,9 +33,14 @@ DICT_FIELDS: tuple[str, ...] = (
     "activation_checkpointing_kwargs",
     "gradient_checkpointing_kwargs",
     "lr_scheduler_kwargs",
+    "parallelism_config",
 )
 # Of those, the ones where a non-JSON string cannot be a path and is therefore a mistake.
-_DICT_ONLY_FIELDS = ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs", "lr_scheduler_kwargs")
+_DICT_ONLY_FIELDS = ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs", "lr_scheduler_kwargs",
+                     "parallelism_config")
+# What a ParallelismConfig is made of (its device mesh, built later from these, is not an argument).
+PARALLELISM_FIELDS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "sp_size",
+                      "sp_backend")
 
 ENUM_FIELDS: dict[str, type] = {
     "eval_strategy": IntervalStrategy,
@@ -93,6 +98,8 @@ def to_plain(value: Any) -> Any:
         return [to_plain(v) for v in value]
     if callable(getattr(value, "to_dict", None)):
         return to_plain(value.to_dict())
+    if type(value).__name__ == "ParallelismConfig":  # its own to_json returns None (accelerate 1.15)
+        return {name: getattr(value, name, None) for name in PARALLELISM_FIELDS}
     if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
         return str(value).split(".")[-1]
     return value
@@ -118,8 +125,12 @@ def _coerce_json_strings(mapping: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_json_fields(args: Any) -> None:
-    """Parse each dict field given as a JSON object string; a non-JSON string stays (a file path)."""
-    for name in DICT_FIELDS:
+    """Parse each dict field given as a JSON object string; a non-JSON string stays (a file path).
+
+    The fields are ``DICT_FIELDS`` and those a subclass adds to its ``_VALID_DICT_FIELDS`` (as TRL's configs do).
+    """
+    extra = [name for name in getattr(type(args), "_VALID_DICT_FIELDS", ()) if name not in DICT_FIELDS]
+    for name in (*DICT_FIELDS, *extra):
         value = getattr(args, name, None)
         if not isinstance(value, str):
             continue
@@ -396,6 +407,24 @@ def to_accelerator_config(value: Any, config_cls: type) -> Any:
     return config_cls.from_dict(value)
 
 
+def to_parallelism_config(value: Any) -> Any:
+    """None or a ``ParallelismConfig`` as given; a dict (or JSON object string) of its sizes → Accelerate's
+    ``ParallelismConfig``, so a config file or the command line can set it too."""
+    if value is None or type(value).__name__ == "ParallelismConfig":
+        return value
+    if not isinstance(value, dict):
+        raise TypeError(
+            f"parallelism_config={value!r}: pass an accelerate.ParallelismConfig, or a dict of its sizes such as "
+            "{'dp_shard_size': 2, 'tp_size': 2}."
+        )
+    from trainwell.args.validate import check_known_keys
+
+    check_known_keys(value, set(PARALLELISM_FIELDS), "parallelism_config")
+    from accelerate import ParallelismConfig
+
+    return ParallelismConfig(**value)
+
+
 def normalize_args(args: Any, accelerator_config_cls: type) -> None:
     """Every rewrite ``__post_init__`` performs before validation, in dependency order."""
     if args.output_dir is None:
@@ -426,6 +455,7 @@ def normalize_args(args: Any, accelerator_config_cls: type) -> None:
     derive_defaults(args)
     args.mixed_precision = resolve_mixed_precision(args)
     args.accelerator_config = to_accelerator_config(args.accelerator_config, accelerator_config_cls)
+    args.parallelism_config = to_parallelism_config(args.parallelism_config)
 
 
 @functools.cache

@@ -12,9 +12,15 @@ from typing import Any
 
 # field -> why it is not honoured yet. A field is only an error when set to something other than its default
 # (or, for the entries in _ALLOWED_VALUES, to a value outside the supported ones).
-UNSUPPORTED: dict[str, str] = {
-    "parallelism_config": "tensor/context/sequence parallelism (Accelerate's ParallelismConfig) is not wired in; "
-                          "data parallelism works through DDP, fsdp= and deepspeed=",
+UNSUPPORTED: dict[str, str] = {}
+
+# ParallelismConfig dimensions trainwell does not run, with why (checked by _check_parallelism).
+_MESH_DIMENSIONS_NOT_RUN: dict[str, str] = {
+    "cp_size": "context parallelism shards attention over the sequence with torch's CUDA-only SDPA context-parallel "
+               "kernels, and trainwell has not wired the sequence sharding of batches it needs (no GPU here to "
+               "verify it on)",
+    "sp_size": "sequence parallelism runs DeepSpeed's Ulysses attention on GPUs, which trainwell has not wired "
+               "(no GPU here to verify it on)",
 }
 
 # Fields where some values are supported and others are not (none today: the mechanism stays for the next).
@@ -37,6 +43,7 @@ def check_supported(args: Any, defaults: dict[str, Any]) -> None:
             f"Leave {name} at its default ({defaults.get(name)!r}) to train without it."
         )
     _check_debug(args)
+    _check_parallelism(getattr(args, "parallelism_config", None))
     for name, (allowed, why) in _ALLOWED_VALUES.items():
         if not hasattr(args, name):
             continue
@@ -46,6 +53,20 @@ def check_supported(args: Any, defaults: dict[str, Any]) -> None:
             raise NotImplementedError(
                 f"TrainingArguments.{name}={plain!r} is not supported by trainwell yet ({why}). "
                 f"Use one of {', '.join(repr(a) for a in allowed)}."
+            )
+
+
+def _check_parallelism(config: Any) -> None:
+    """``parallelism_config``: data (``dp_replicate_size``), sharded data (``dp_shard_size``, with ``fsdp``) and
+    tensor (``tp_size``) parallelism run; a dimension of ``_MESH_DIMENSIONS_NOT_RUN`` above 1 is refused."""
+    if config is None:
+        return
+    for name, why in _MESH_DIMENSIONS_NOT_RUN.items():
+        size = getattr(config, name, 1) or 1
+        if size > 1:
+            raise NotImplementedError(
+                f"TrainingArguments.parallelism_config.{name}={size} is not supported by trainwell yet: {why}. "
+                f"Set {name}=1; dp_replicate_size, dp_shard_size (with fsdp) and tp_size are supported."
             )
 
 

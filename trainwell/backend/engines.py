@@ -3,16 +3,19 @@
 Owns the translation of the reference's arguments into Accelerate's objects: the process group
 (``ddp_backend``, ``ddp_timeout``), DDP options, the data-loader configuration (``accelerator_config``),
 mixed precision, ``torch_compile*`` (Accelerate's dynamo plugin), ``fsdp``/``fsdp_config`` (its FSDP2 plugin)
-and ``deepspeed`` (its DeepSpeed plugin, see ``trainwell.backend.deepspeed``). Settings that ``accelerate
+and ``deepspeed`` (its DeepSpeed plugin, see ``trainwell.backend.deepspeed``), ``parallelism_config`` (its device
+mesh: data, sharded-data and tensor parallelism). Settings that ``accelerate
 launch`` or ``accelerate config`` put in the environment are honoured by Accelerate itself. ``Runtime`` keeps
 the result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from trainwell.backend.precision import check_precision_supported
@@ -20,8 +23,11 @@ from trainwell.backend.precision import check_precision_supported
 logger = logging.getLogger(__name__)
 
 
-def build_accelerator(args: Any) -> Any:
+def build_accelerator(args: Any, model: Any = None) -> Any:
     """The ``accelerate.Accelerator`` for ``args`` (creates the process group under torchrun).
+
+    ``model``, when the Trainer was given one, tells whether it was tensor-parallelized when it was loaded
+    (``from_pretrained(..., tp_plan="auto")``): Accelerate must then know its mesh (see :func:`_parallelism`).
 
     Accelerate keeps one process-wide state and ignores the precision and plugins of any later Accelerator
     (or refuses a different precision). Like the reference (which resets it when its arguments set up the
@@ -45,22 +51,68 @@ def build_accelerator(args: Any) -> Any:
         use_seedable_sampler=False,
         non_blocking=acc_cfg.get("non_blocking", False),
     )
-    accelerator = Accelerator(
-        mixed_precision=mixed_precision,
-        cpu=bool(args.use_cpu),
-        kwargs_handlers=_kwargs_handlers(args),
-        dataloader_config=dl_config,
-        dynamo_plugin=_dynamo_plugin(args),
-        fsdp_plugin=_fsdp_plugin(args),
-        deepspeed_plugin=_deepspeed_plugin(args),
-        # The trainer steps the scheduler itself, once per optimizer step.
-        step_scheduler_with_optimizer=False,
-        # No RNG broadcast at each epoch start: it would overwrite a rank's restored RNG on resume, and
-        # trainwell's samplers draw from their own seeded generators anyway.
-        rng_types=[],
-    )
+    with _clear_mesh_errors(args):
+        accelerator = Accelerator(
+            mixed_precision=mixed_precision,
+            cpu=bool(args.use_cpu),
+            kwargs_handlers=_kwargs_handlers(args),
+            dataloader_config=dl_config,
+            dynamo_plugin=_dynamo_plugin(args),
+            fsdp_plugin=_fsdp_plugin(args),
+            deepspeed_plugin=_deepspeed_plugin(args),
+            **_parallelism(args, model),
+            # The trainer steps the scheduler itself, once per optimizer step.
+            step_scheduler_with_optimizer=False,
+            # No RNG broadcast at each epoch start: it would overwrite a rank's restored RNG on resume, and
+            # trainwell's samplers draw from their own seeded generators anyway.
+            rng_types=[],
+        )
     _check_engine_active(args, accelerator)
     return accelerator
+
+
+@contextlib.contextmanager
+def _clear_mesh_errors(args: Any) -> Iterator[None]:
+    """Accelerate's refusal of a device mesh over CPU processes, said in terms of the arguments."""
+    try:
+        yield
+    except ValueError as err:
+        if "ParallelismConfig is only compatible" not in str(err) or "MULTI_CPU" not in str(err):
+            raise
+        from trainwell.args.normalize import to_plain
+
+        raise ValueError(
+            f"A device mesh over several CPU processes (parallelism_config={to_plain(args.parallelism_config)}, "
+            "or a model loaded tensor-parallel): Accelerate runs one only on GPUs, or under FSDP2 or DeepSpeed "
+            f"(it said: {err}). Train on GPUs, or without the mesh to train with DDP on CPUs."
+        ) from err
+
+
+def _parallelism(args: Any, model: Any) -> dict[str, Any]:
+    """``parallelism_config=`` for the Accelerator: the arguments' ``ParallelismConfig``, with the tensor-parallel
+    size of a model sharded at load time filled in (as the reference does; its data-parallel size with it).
+
+    Accelerate builds the device mesh from it, shards the data over its data-parallel dimensions only and checks
+    that its sizes multiply to the number of processes.
+    """
+    from accelerate.utils import get_model_tp_size
+
+    config = args.parallelism_config
+    model_tp = (get_model_tp_size(model) if model is not None else None) or 1
+    if model_tp > 1:
+        from accelerate import ParallelismConfig
+
+        distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+        model_dp = getattr(distributed, "dp_size", None) or 1
+        if config is None:
+            config = ParallelismConfig(tp_size=model_tp, dp_shard_size=model_dp)
+        elif config.tp_size != model_tp:
+            raise ValueError(
+                f"parallelism_config.tp_size={config.tp_size} but the model was loaded tensor-parallel over "
+                f"{model_tp} processes (its tp_size). Set tp_size={model_tp}, or load the model with tp_size="
+                f"{config.tp_size}."
+            )
+    return {} if config is None else {"parallelism_config": config}
 
 
 def _kwargs_handlers(args: Any) -> list[Any]:

@@ -45,11 +45,12 @@ class Precision:
         self._accelerator = accelerator
         self._scaler = accelerator.scaler
         self.mode: str = str(accelerator.mixed_precision)
+        mesh = accelerator.parallelism_config
         self.direct: bool = self._scaler is None and accelerator.distributed_type in (
             DistributedType.NO,
             DistributedType.MULTI_CPU,
             DistributedType.MULTI_GPU,
-        )
+        ) and not (mesh is not None and mesh.tp_enabled)  # DTensor gradients: Accelerate clips them mesh by mesh
         deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
         #: only fp16 ever skips a step (an overflow: Accelerate's grad scaler, or DeepSpeed's own loss scaling)
         self.can_skip_steps: bool = self._scaler is not None or (deepspeed and self.mode == "fp16")

@@ -63,9 +63,9 @@ def _destroy_process_group_at_exit() -> None:
 class Runtime:
     """Device, precision and process topology for one ``Trainer``, backed by an ``accelerate.Accelerator``."""
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, args: Any, model: torch.nn.Module | None = None) -> None:
         self.args = args
-        self.accelerator = build_accelerator(args)
+        self.accelerator = build_accelerator(args, model)
         state = self.accelerator.state
         self.device: torch.device = self.accelerator.device
         self.num_processes: int = state.num_processes
@@ -76,6 +76,7 @@ class Runtime:
         self.distributed: bool = self.num_processes > 1
         if self.distributed:
             _destroy_process_group_at_exit()
+        self._read_mesh()
         self._read_engine(args)
         self.mixed_precision: str = str(self.accelerator.mixed_precision)
         self.precision = Precision(self.accelerator, args)
@@ -87,14 +88,47 @@ class Runtime:
         self._no_context = contextlib.nullcontext()
         self._prepared: tuple[Any, Any] | None = None  # the model and optimizer prepare() returned last
 
+    def _read_mesh(self) -> None:
+        """The data-parallel share of the processes, from Accelerate's device mesh (``parallelism_config``).
+
+        Processes of one tensor-parallel group hold parts of one model and read the same batches; data is sharded,
+        samples counted and outputs gathered over the data-parallel dimensions only. Without a mesh every process
+        is its own data-parallel rank.
+        """
+        config = self.accelerator.parallelism_config
+        sizes = {"tp": 1, "cp": 1, "sp": 1}
+        if config is not None and config.total_size == self.num_processes:
+            sizes = {"tp": config.tp_size, "cp": config.cp_size, "sp": config.sp_size}
+        #: the tensor-, context- and sequence-parallel degrees (``get_tp_size`` and friends)
+        self.tp_size, self.cp_size, self.sp_size = sizes["tp"], sizes["cp"], sizes["sp"]
+        #: processes that hold one copy of the data: each data-parallel rank's group (1 without a mesh)
+        self.model_parallel_size: int = self.tp_size * self.cp_size * self.sp_size
+        #: how many different batches one step reads, and which of them this process reads
+        self.data_parallel_size: int = self.num_processes // self.model_parallel_size
+        # init_device_mesh lays ranks out row-major with the data dimensions outermost: a data-parallel
+        # rank's group is the consecutive processes [rank * model_parallel_size, (rank + 1) * model_parallel_size)
+        self.data_parallel_rank: int = self.process_index // self.model_parallel_size
+        #: the first process of each data-parallel rank's group: whose outputs an evaluation keeps
+        self.data_parallel_leaders: list[int] = list(range(0, self.num_processes, self.model_parallel_size))
+        strategy = getattr(self.args.train_sampling_strategy, "value", self.args.train_sampling_strategy)
+        if self.model_parallel_size > 1 and strategy == "batch_rebalance":
+            raise ValueError(
+                "train_sampling_strategy='batch_rebalance' with tensor parallelism (tp_size="
+                f"{self.tp_size}): its sampler deals micro-batches to every process, and the processes of a "
+                "tensor-parallel group must read the same ones. Use 'random' or 'group_by_length'."
+            )
+
     def _read_engine(self, args: Any) -> None:
         from accelerate.utils import DistributedType
 
         kind = self.accelerator.distributed_type
-        #: the model is sharded across processes (FSDP2): checkpoints and full weights need every process
-        self.shards_model: bool = kind == DistributedType.FSDP
+        #: FSDP2 shards the model over the data-parallel processes
+        self.is_fsdp: bool = kind == DistributedType.FSDP
+        #: the model is sharded across processes (FSDP2, tensor parallelism): its parameters are DTensors, and
+        #: checkpoints and full weights need every process
+        self.shards_model: bool = self.is_fsdp or self.tp_size > 1
         #: FSDP checkpoints keep the model sharded (``fsdp_config["state_dict_type"]="SHARDED_STATE_DICT"``)
-        self.sharded_checkpoints: bool = self.shards_model and "SHARDED" in str(
+        self.sharded_checkpoints: bool = self.is_fsdp and "SHARDED" in str(
             self.accelerator.state.fsdp_plugin.state_dict_type
         )
         if self.sharded_checkpoints and args.save_only_model:
@@ -138,8 +172,9 @@ class Runtime:
             model, optimizer, scheduler = prepare_engine(
                 self.accelerator, self.args, model, optimizer, scheduler, num_training_steps
             )
-        elif self.shards_model:
-            check_size_based_wrap(self.accelerator.state.fsdp_plugin, model)
+        elif self.shards_model:  # FSDP2 shards both; tensor parallelism makes the remaining parameters DTensors
+            if self.is_fsdp:
+                check_size_based_wrap(self.accelerator.state.fsdp_plugin, model)
             model, optimizer = self.accelerator.prepare(model, optimizer)
         else:
             model, optimizer = self.prepare_model(model), self.prepare_optimizer(optimizer)
@@ -207,6 +242,13 @@ class Runtime:
         if not self.distributed:
             return tensor
         return self.accelerator.reduce(tensor.to(self.device), reduction="sum")
+
+    def reduce_data_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a per-batch count over the data-parallel ranks (each group's processes read the same batches)."""
+        total = self.reduce_sum(tensor)
+        if self.model_parallel_size == 1:
+            return total
+        return total // self.model_parallel_size if not total.is_floating_point() else total / self.model_parallel_size
 
     def gather(self, data: Any) -> Any:
         if not self.distributed:

@@ -125,15 +125,36 @@ def save_model_weights(model: nn.Module, directory: str | os.PathLike, state_dic
         _write_weights(model, directory, state_dict)
 
 
+@contextlib.contextmanager
+def _gathered_already(model: nn.Module, state_dict: dict | None) -> Iterator[None]:
+    """Save a model loaded tensor-parallel (``DistributedConfig`` in its config) from full weights, on one process.
+
+    Its ``save_pretrained`` is otherwise a collective (it gathers the shards and waits for every process),
+    while here the weights were gathered already and only the main process writes. The written ``config.json``
+    then carries no ``distributed_config``: full weights load on any number of processes.
+    """
+    config = getattr(model, "config", None)
+    distributed = getattr(config, "distributed_config", None)
+    if state_dict is None or distributed is None:
+        yield
+        return
+    config.distributed_config = None
+    try:
+        yield
+    finally:
+        config.distributed_config = distributed
+
+
 def _write_weights(model: nn.Module, directory: Path, state_dict: dict | None) -> None:
     if hasattr(model, "save_pretrained") and callable(model.save_pretrained):
         kwargs: dict[str, Any] = {"safe_serialization": True}
         if state_dict is not None:
             kwargs["state_dict"] = state_dict
-        try:
-            model.save_pretrained(str(directory), **kwargs)
-        except TypeError:  # a save_pretrained without those keywords (not a transformers model)
-            model.save_pretrained(str(directory))
+        with _gathered_already(model, state_dict):
+            try:
+                model.save_pretrained(str(directory), **kwargs)
+            except TypeError:  # a save_pretrained without those keywords (not a transformers model)
+                model.save_pretrained(str(directory))
     else:
         from safetensors.torch import save_file, save_model
 

@@ -282,7 +282,7 @@ class EvalLoaders:
         dataset, collator = without_unused_columns(dataset, collator, columns)
         loader = build_eval_dataloader(
             dataset, batch_size=args.eval_batch_size, collate_fn=collator, args=args,
-            rank=runtime.process_index, world=runtime.num_processes,
+            rank=runtime.data_parallel_rank, world=runtime.data_parallel_size,
         )
         if not runtime.distributed:  # sharded loaders are never handed to Accelerate (it would add duplicates)
             loader = runtime.prepare_dataloader(loader)

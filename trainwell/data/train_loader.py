@@ -152,7 +152,7 @@ def build_train_feed(
         # the main process reads one batch per process for each batch it hands out, unless it splits one
         position.reads_per_batch = 1 if prepared.split_batches else runtime.num_processes
     # skip() counts indices for an index sampler, this rank's micro-batches for a rank-batch sampler (rebalance)
-    per_batch = 1 if rebalance.yields_rank_batches(sampler) else batch_size * runtime.num_processes
+    per_batch = 1 if rebalance.yields_rank_batches(sampler) else batch_size * runtime.data_parallel_size
     feed = TrainFeed(prepared, sampler, generator, position, data_seed, per_batch,
                      reads_ahead=prepared is loader and position is None)
     setattr(prepared, _ATTACHED, feed)

@@ -80,7 +80,7 @@ def predict(hooks: TrainerHooks, test_dataset: Any, ignore_keys: list[str] | Non
 
 
 def _speed(hooks: TrainerHooks, prefix: str, start: float, num_samples: int) -> dict[str, float]:
-    batch = hooks.args.eval_batch_size * hooks.runtime.num_processes
+    batch = hooks.args.eval_batch_size * hooks.runtime.data_parallel_size
     return speed_metrics(prefix, start, num_samples=num_samples, num_steps=-(-num_samples // batch))
 
 

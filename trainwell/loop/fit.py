@@ -122,7 +122,7 @@ class FitLoop:
                 hooks._load_callback_state()
         state = hooks.state
         state.is_hyper_param_search = self.trial is not None
-        state.train_batch_size = plan.total_train_batch_size // (plan.accumulation * hooks.runtime.num_processes)
+        state.train_batch_size = plan.total_train_batch_size // (plan.accumulation * hooks.runtime.data_parallel_size)
         state.compute_steps(args, plan.max_steps)
         state.init_training_references(hooks, plan.max_steps, plan.epochs_for(plan.max_steps), self.trial)
 

@@ -291,7 +291,10 @@ class AccelerateGatherer:
 
 
 class ExactGatherer:
-    """Combines one step's outputs of every process, keeping the first ``counts[r]`` rows of process ``r``.
+    """Combines one step's outputs of every data-parallel rank, keeping the first ``counts[r]`` rows of rank ``r``.
+
+    Under tensor parallelism the processes of one group evaluated the same batch: only the group's first process
+    (``runtime.data_parallel_leaders``) contributes.
 
     Tensors go through two collectives per step: one for all leaves' shapes, one per leaf for its data padded
     to the largest shape (dim 0 with anything, later dims with ``pad_index``). With ``use_gather_object`` the
@@ -334,16 +337,16 @@ class ExactGatherer:
             padded = tensor.new_full(shape, self.pad_index)
             padded[tuple(slice(0, s) for s in tensor.shape)] = tensor
             tensor = padded
-        world = self.runtime.num_processes
-        gathered = self.runtime.gather(tensor.contiguous()).reshape(world, *shape)
-        return torch.cat([gathered[r, : counts[r]] for r in range(world)], dim=0)
+        gathered = self.runtime.gather(tensor.contiguous()).reshape(self.runtime.num_processes, *shape)
+        leaders = self.runtime.data_parallel_leaders
+        return torch.cat([gathered[leader, : counts[r]] for r, leader in enumerate(leaders)], dim=0)
 
     def _gather_objects(self, data: Any, counts: Sequence[int]) -> Any:
         import torch.distributed as dist
 
         parts: list[Any] = [None] * self.runtime.num_processes
         dist.all_gather_object(parts, to_numpy(data))
-        flat = [flatten(p) for p in parts]
+        flat = [flatten(parts[leader]) for leader in self.runtime.data_parallel_leaders]
         spec = flat[0][1]
         merged = [_merge_rows([f[0][i] for f in flat], counts, self.pad_index) for i in range(len(flat[0][0]))]
         return unflatten(merged, spec)
@@ -359,8 +362,11 @@ def _merge_rows(values: list[Any], counts: Sequence[int], pad_index: int) -> Any
 
 
 def make_gatherer(runtime: Any, dataloader: Any, use_gather_object: bool) -> Callable[[Any, Any], Any]:
-    """The gatherer for ``dataloader``: exact for trainwell's sharded loaders, Accelerate's otherwise."""
-    if not runtime.distributed:
+    """The gatherer for ``dataloader``: exact for trainwell's sharded loaders, Accelerate's otherwise.
+
+    One data-parallel rank (tensor parallelism over every process) needs none: each process has all outputs.
+    """
+    if not runtime.distributed or runtime.data_parallel_size == 1:
         return LocalGatherer()
     from trainwell.data.sharding import is_sharded_loader
 

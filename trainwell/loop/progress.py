@@ -156,7 +156,7 @@ class TrainingRun:
         if isinstance(pending, torch.Tensor) or pending:
             runtime = hooks.runtime
             total = torch.as_tensor(pending, device=runtime.device).reshape(())
-            hooks.state.num_input_tokens_seen += int(runtime.reduce_sum(total).item())
+            hooks.state.num_input_tokens_seen += int(runtime.reduce_data_sum(total).item())
             self.tokens_pending = 0
 
 

@@ -45,7 +45,7 @@ class OptimizerStep:
         self.hooks, self.model, self.run = hooks, model, run
         self.precision = hooks.precision
         self.runtime = runtime
-        world = runtime.num_processes
+        world = runtime.data_parallel_size  # processes of one tensor-parallel group share their batches
         self.average_across = bool(args.average_tokens_across_devices) and world > 1
         self.loss_world = world if self.average_across else 1
         scaled = hooks.loss_is_scaled_for_ga
@@ -116,7 +116,7 @@ class OptimizerStep:
         self.run.losses.count_empty(micro)
         total = sum(micro[1:], micro[0])  # stays a device tensor when the counts are (no host sync)
         if self.average_across:
-            total = self.runtime.reduce_sum(torch.as_tensor(total, device=device))
+            total = self.runtime.reduce_data_sum(torch.as_tensor(total, device=device))
         if isinstance(total, torch.Tensor):
             total = total.to(device)
         return total, loss_factors(micro, total, self.loss_world, self.loss_normalized_by_window)
