@@ -1,6 +1,6 @@
 """``TrainingArguments``: every knob of a training run, with the names, types and defaults of transformers 5.23.
 
-Owns: the 114 fields (grouped by concern, each with its ``--help`` text), :class:`AcceleratorConfig`, and the
+Owns: the 114 fields (grouped by concern, each with its ``--help`` text) and the
 read-only views a run derives from them (batch sizes, device, process topology, log level, serialization).
 Normalization and the 4.x aliases live in :mod:`trainwell.args.normalize`, cross-field checks in
 :mod:`trainwell.args.validate`, the command-line parser in :mod:`trainwell.args.parser`.
@@ -12,7 +12,6 @@ state (the reference builds or resets accelerate's ``PartialState`` here); the T
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import math
@@ -25,6 +24,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from trainwell.args import aliases, normalize, support, validate
+from trainwell.args.accelerator_config import AcceleratorConfig
 from trainwell.outputs import (
     HubStrategy,
     IntervalStrategy,
@@ -65,38 +65,6 @@ def _arg(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] |
     return field(default=default, metadata=meta)
 
 
-@dataclass
-class AcceleratorConfig:
-    """The data-loading and state options the Trainer forwards to ``accelerate.Accelerator``."""
-
-    split_batches: bool = _arg(False, "Split each loader batch across processes instead of giving each process "
-                               "its own batch (the batch size must then divide by the number of processes).")
-    dispatch_batches: bool | None = _arg(None, "Iterate the loader on the main process only and send each process "
-                                         "its slice. None: on for iterable datasets, off otherwise.")
-    even_batches: bool = _arg(True, "Repeat samples from the start so every process gets the same number of batches.")
-    use_seedable_sampler: bool = _arg(True, "Use Accelerate's seedable random sampler for reproducible shuffling.")
-    non_blocking: bool = _arg(False, "Copy batches to the device with non_blocking=True (pair it with pinned memory).")
-    gradient_accumulation_kwargs: dict | None = _arg(None, "Extra options for Accelerate's gradient accumulation "
-                                                     "plugin, such as {'sync_each_batch': True}.")
-    use_configured_state: bool = _arg(False, "Reuse an AcceleratorState/PartialState the script already created "
-                                      "instead of building a new one.")
-
-    def to_dict(self) -> dict[str, Any]:
-        """A deep-copied plain dict of the fields."""
-        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> AcceleratorConfig:
-        """Build from a dict; an unknown key is a ``ValueError`` naming it (with a did-you-mean)."""
-        validate.check_known_keys(data, {f.name for f in fields(cls)}, "accelerator_config")
-        return cls(**data)
-
-    @classmethod
-    def from_json_file(cls, path: str | os.PathLike[str]) -> AcceleratorConfig:
-        """Build from a JSON file holding one object."""
-        return cls.from_dict(normalize.load_json_object(path, "accelerator_config"))
-
-
 def _initialized_dist() -> Any:
     # torch.distributed can only be initialized if something imported it, so a missing module means "no":
     # checking sys.modules keeps these properties from importing torch on a plain CPU run.
@@ -126,6 +94,9 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
     # Not fields: the optimizer name a bare TrainingArguments picks, and where 4.x `logging_dir=` lands.
     default_optim = "adamw_torch_fused"
     logging_dir = None
+    # The dict fields a JSON object string is parsed for; subclasses (TRL's configs) extend the list, as with the
+    # reference.
+    _VALID_DICT_FIELDS = list(normalize.DICT_FIELDS)
 
     # --- output ---
     output_dir: str | None = _arg(None, "Where checkpoints and the final model are written "
@@ -281,8 +252,8 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
     accelerator_config: dict | str | None = _arg(None, "AcceleratorConfig options as a dict, a JSON object string "
                                                  "or a JSON file path.")
     # Typed Any rather than accelerate's ParallelismConfig: naming that type would import accelerate.
-    parallelism_config: Any | None = _arg(None, "accelerate.ParallelismConfig for tensor/context/sequence "
-                                             "parallelism.")
+    parallelism_config: Any | None = _arg(None, "accelerate.ParallelismConfig (or a dict of its sizes): the "
+                                             "device mesh for data, sharded-data and tensor parallelism.")
 
     # --- data loading ---
     dataloader_drop_last: bool = _arg(False, "Drop the last incomplete batch.")
