@@ -372,3 +372,26 @@ def test_a_second_train_call_reuses_the_prepared_model(out_dir):
     trainer.args.max_steps = 4
     assert trainer.train().global_step == 4
     assert trainer.model_wrapped is wrapped and trainer.optimizer is optimizer
+
+
+def test_a_model_wrapped_around_an_eval_mode_module_trains_in_train_mode(out_dir):
+    # sentence-transformers builds its model around one that from_pretrained left in eval mode: the top reports
+    # training=True while the inner module (its dropout) is off. The reference's steps call model.train().
+    class Wrapper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = RegressionModel()
+            self.inner.eval()
+            self.seen: list[bool] = []
+
+        def forward(self, input_x, labels=None):
+            self.seen.append(self.inner.training)
+            return self.inner(input_x, labels)
+
+    model = Wrapper()
+    assert model.training and not model.inner.training
+    trainer = Trainer(model=model, args=make_args(out_dir, max_steps=3, eval_strategy="steps", eval_steps=2),
+                      train_dataset=RegressionDataset(length=32), eval_dataset=RegressionDataset(length=8))
+    trainer.train()
+    # steps 1-2 train, step 2's evaluation runs in eval mode, step 3 trains again, then the final evaluation
+    assert model.seen[0] is True and model.seen[-1] is False and model.seen.count(True) >= 3

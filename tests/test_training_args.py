@@ -1064,3 +1064,13 @@ def test_set_push_to_hub():
 
 def test_set_evaluate_keeps_a_numeric_delay():
     assert make().set_evaluate(strategy="epoch").eval_delay == 0
+
+
+def test_distributed_state_is_created_on_first_access_only():
+    from accelerate.state import PartialState
+
+    PartialState._reset_state()
+    args = make(use_cpu=True)
+    assert not PartialState._shared_state  # constructing the arguments set nothing up
+    assert args.distributed_state.distributed_type.value == "NO"  # what TRL reads
+    assert PartialState._shared_state

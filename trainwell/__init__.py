@@ -18,6 +18,8 @@ _EXPORTS: dict[str, str] = {
     "Seq2SeqTrainer": "trainwell.trainer_seq2seq",
     # arguments
     "TrainingArguments": "trainwell.training_args",
+    # trainwell underneath TRL and the other libraries that subclass the Trainer
+    "patch_transformers": "trainwell.integrations.underneath",
     "Seq2SeqTrainingArguments": "trainwell.training_args_seq2seq",
     "AcceleratorConfig": "trainwell.training_args",
     "TrainwellArgumentParser": "trainwell.args.parser",

@@ -443,9 +443,17 @@ class Trainer:
         return loaders.sampler_for_training(dataset, self.args, group, self.processing_class,
                                             self.model_info.main_input_name)
 
+    def _set_signature_columns_if_needed(self) -> None:
+        """Fill ``_signature_columns`` from ``forward``'s parameters unless set (TRL's trainers set their own)."""
+        if self._signature_columns is None:
+            self._signature_columns = self.model_info.signature_columns(self.label_names)
+
     def _columns(self) -> list[str] | None:
         """The sample keys ``remove_unused_columns`` keeps (None: it is off)."""
-        return self.model_info.signature_columns(self.label_names) if self.args.remove_unused_columns else None
+        if not self.args.remove_unused_columns:
+            return None
+        self._set_signature_columns_if_needed()
+        return list(self._signature_columns)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         """The evaluation loader (dataset order); ``eval_dataset`` may be a dataset or a key of a dict of them."""
@@ -588,6 +596,4 @@ class Trainer:
                                  lambda: contents.save_model_files(self, self.args.output_dir, weights=False))
 
     def _finish_current_push(self) -> None:
-        if self.push_in_progress is not None and not self.push_in_progress.is_done():
-            logger.info("Waiting for the Hub upload of the last checkpoint to finish.")
-            self.push_in_progress.wait_until_done()
+        hub.finish_current_push(self)

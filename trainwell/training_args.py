@@ -386,6 +386,18 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
         """``ddp_timeout`` as the ``timedelta`` that ``init_process_group`` expects."""
         return timedelta(seconds=self.ddp_timeout)
 
+    @property
+    def distributed_state(self) -> Any:
+        """Accelerate's ``PartialState`` for these arguments (libraries read its ``distributed_type``).
+
+        Created on first access, not at construction as in the reference: building arguments alone never sets
+        up process-wide state (under ``torchrun`` this initializes the process group, as the Trainer would).
+        """
+        from accelerate import PartialState
+
+        backend = {"backend": self.ddp_backend} if self.ddp_backend else {}
+        return PartialState(cpu=bool(self.use_cpu), timeout=self.ddp_timeout_delta, **backend)
+
     def get_process_log_level(self) -> int:
         """The ``logging`` level for this process: ``log_level`` if ``should_log``, else ``log_level_replica``.
 

@@ -199,6 +199,7 @@ def set_reference_attributes(trainer: Any) -> None:
     trainer.is_model_parallel, trainer.deepspeed, trainer.hp_name = False, None, None
     trainer.neftune_noise_alpha = trainer.args.neftune_noise_alpha
     trainer.hub_model_id, trainer.push_in_progress = None, None  # set by init_hf_repo
+    trainer._signature_columns = None  # the sample keys remove_unused_columns keeps, filled on first use
 
 
 # What attach_runtime builds: a process's own (Accelerate's process-wide state among it), never sent to another.

@@ -285,3 +285,10 @@ def push_from_checkpoint(trainer: Any, pusher: HubPusher | None, checkpoint: str
         trainer.push_in_progress = PushInProgress(jobs)
     else:
         running.jobs.extend(jobs)
+
+
+def finish_current_push(trainer: Any) -> None:
+    """Wait for the checkpoint upload in progress, if any (``Trainer._finish_current_push``)."""
+    if trainer.push_in_progress is not None and not trainer.push_in_progress.is_done():
+        logger.info("Waiting for the Hub upload of the last checkpoint to finish.")
+        trainer.push_in_progress.wait_until_done()

@@ -83,6 +83,10 @@ class FitLoop:
         self.step.listen()
         if args.eval_on_start:
             hooks._evaluate(self.trial, self.ignore_keys, skip_scheduler=True)
+        # The whole tree in train mode, as the reference's every step does: a module built around a loaded model
+        # (which from_pretrained leaves in eval mode) is training at the top with its dropout still off. Later
+        # steps only check the top (training_step): evaluation switches the whole tree at once.
+        model.train()
         first_epoch = resume.epoch if resume is not None else 0
         last_epoch = plan.num_train_epochs
         if resume is not None and hooks.state.global_step >= plan.max_steps:

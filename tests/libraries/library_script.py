@@ -1,0 +1,126 @@
+"""Trains a library's trainer (TRL's SFTTrainer or DPOTrainer, sentence-transformers' trainer) on a tiny model built
+here, on the reference or on trainwell: ``--backend trainwell`` calls ``trainwell.patch_transformers()`` before the
+library is imported, which is the documented switch. Run by tests/test_libraries.py, one process per run.
+
+Writes the logged losses, evaluation losses, the trainer's base classes and the first checkpoint's files to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--library", choices=("sft", "dpo", "sentence-transformers"), required=True)
+parser.add_argument("--backend", choices=("trainwell", "transformers"), required=True)
+parser.add_argument("--workdir", required=True)
+parser.add_argument("--out", required=True)
+parser.add_argument("--resume", default=None)
+cli = parser.parse_args()
+if cli.backend == "trainwell":
+    import trainwell
+
+    trainwell.patch_transformers()  # before the library is imported
+
+import tokenizers  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from datasets import Dataset  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(40)]
+COMMON = {"output_dir": cli.workdir, "max_steps": 6, "per_device_train_batch_size": 4, "logging_steps": 1,
+          "report_to": "none", "save_steps": 3, "eval_strategy": "steps", "eval_steps": 3, "learning_rate": 1e-3,
+          "use_cpu": True, "seed": 0, "disable_tqdm": True}
+# TRL's configs default to bf16 (4x slower on a CPU, and not what is compared) and gradient checkpointing
+TRL = {"bf16": False, "gradient_checkpointing": False}
+
+
+def tokenizer(special: list[str], **tokens: str) -> transformers.PreTrainedTokenizerFast:
+    vocab = {token: i for i, token in enumerate([*special, *WORDS])}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token=tokens["unk_token"]))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, **tokens)
+
+
+def sentences(generator: torch.Generator, count: int, length: int) -> list[str]:
+    return [" ".join(WORDS[j] for j in torch.randint(0, 40, (length,), generator=generator).tolist())
+            for _ in range(count)]
+
+
+def causal_lm(folder: str) -> tuple[str, transformers.PreTrainedTokenizerFast]:
+    """A tiny Llama and its tokenizer saved in ``folder`` (DPO builds its reference model from the path)."""
+    tok = tokenizer(["<pad>", "<unk>", "<eos>"], unk_token="<unk>", eos_token="<eos>", pad_token="<pad>")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=4, vocab_size=len(tok), max_position_embeddings=64,
+                                      pad_token_id=0, eos_token_id=2, bos_token_id=2)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder, tok
+
+
+def sft() -> object:
+    from trl import SFTConfig, SFTTrainer
+
+    folder, tok = causal_lm(cli.workdir + "-model")
+    generator = torch.Generator().manual_seed(0)
+    data = Dataset.from_dict({"text": [sentences(generator, 1, 4 + i % 8)[0] for i in range(40)]})
+    return SFTTrainer(model=transformers.LlamaForCausalLM.from_pretrained(folder), processing_class=tok,
+                      args=SFTConfig(**COMMON, **TRL), train_dataset=data, eval_dataset=data.select(range(8)))
+
+
+def dpo() -> object:
+    from trl import DPOConfig, DPOTrainer
+
+    folder, tok = causal_lm(cli.workdir + "-model")
+    generator = torch.Generator().manual_seed(0)
+    data = Dataset.from_dict({"prompt": sentences(generator, 24, 5), "chosen": sentences(generator, 24, 4),
+                              "rejected": sentences(generator, 24, 4)})
+    return DPOTrainer(model=folder, processing_class=tok, args=DPOConfig(**COMMON, **TRL), train_dataset=data,
+                      eval_dataset=data.select(range(8)))
+
+
+def sentence_transformers() -> object:
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+        losses,
+        models,
+    )
+
+    folder = cli.workdir + "-bert"
+    tok = tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], unk_token="[UNK]", pad_token="[PAD]",
+                    cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    tok.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=32)
+    transformers.BertModel(config).save_pretrained(folder)
+    generator = torch.Generator().manual_seed(0)
+    data = Dataset.from_dict({"sentence1": sentences(generator, 32, 5), "sentence2": sentences(generator, 32, 5),
+                              "score": torch.rand(32, generator=generator).tolist()})
+    torch.manual_seed(0)
+    model = SentenceTransformer(modules=[models.Transformer(folder), models.Pooling(16)], device="cpu")
+    return SentenceTransformerTrainer(model=model, args=SentenceTransformerTrainingArguments(**COMMON),
+                                      train_dataset=data, eval_dataset=data.select(range(8)),
+                                      loss=losses.CosineSimilarityLoss(model))
+
+
+trainer = {"sft": sft, "dpo": dpo, "sentence-transformers": sentence_transformers}[cli.library]()
+trainer.train(resume_from_checkpoint=cli.resume)
+history = trainer.state.log_history
+checkpoint = os.path.join(cli.workdir, "checkpoint-3")
+with open(cli.out, "w") as fh:
+    json.dump({
+        "losses": {h["step"]: h["loss"] for h in history if "loss" in h},
+        "eval_losses": {h["step"]: h["eval_loss"] for h in history if "eval_loss" in h},
+        "margins": {h["step"]: h["rewards/margins"] for h in history if "rewards/margins" in h},
+        "bases": [f"{c.__module__}.{c.__qualname__}" for c in type(trainer).__mro__],
+        "args_bases": [f"{c.__module__}.{c.__qualname__}" for c in type(trainer.args).__mro__],
+        "checkpoint": sorted(os.listdir(checkpoint)) if os.path.isdir(checkpoint) else [],
+        "global_step": trainer.state.global_step,
+        "modules": sorted(m for m in ("trainwell", "transformers.trainer") if m in sys.modules),
+    }, fh)
