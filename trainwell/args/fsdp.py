@@ -16,6 +16,7 @@ import logging
 import os
 from typing import Any
 
+from trainwell.args.kinds import check_fsdp_kind
 from trainwell.utils.errors import choice_error, did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ _LEGACY_OPTIONS = ("full_shard", "shard_grad_op", "offload", "auto_wrap", "hybri
 def normalize_fsdp(args: Any) -> None:
     """Set ``args.fsdp`` (bool), ``args.fsdp_config`` and ``args.fsdp_plugin_args`` (None when FSDP is off)."""
     args.fsdp_plugin_args = None
+    check_fsdp_kind(args.fsdp)
     if args.fsdp in (None, False, "", [], ()):
         if args.fsdp_config:
             raise ValueError(

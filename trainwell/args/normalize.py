@@ -158,6 +158,9 @@ def resolve_checkpointing(args: Any) -> None:
         ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
     ):
         if getattr(args, new) is None and getattr(args, old) is not None:
+            if new.endswith("_kwargs") and not isinstance(getattr(args, old), dict):  # name what was passed
+                raise ValueError(f"{old}={getattr(args, old)!r}: pass a dict, or a JSON object string such as "
+                                 "'{\"key\": 1}'.")
             warnings.warn(f"{old} is deprecated, use {new} instead.", FutureWarning, stacklevel=6)
             setattr(args, new, getattr(args, old))
         setattr(args, old, getattr(args, new))

@@ -396,5 +396,7 @@ def checked_values(args: Any) -> Any:
 
 def validate_args(args: Any) -> None:
     """Raise ``ValueError`` for the first impossible value or combination (see the module docstring)."""
-    for check in _CHECKS:
+    from trainwell.args.kinds import check_field_kinds
+
+    for check in (check_field_kinds, *_CHECKS):
         check(args)
