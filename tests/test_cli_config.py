@@ -89,6 +89,25 @@ def test_a_json_config_file_field_resolves_against_the_config_folder(project, ca
     assert json.loads(out)["accelerator_config"]["split_batches"] is True
 
 
+def test_a_dotted_override_below_a_string_path_turns_it_into_a_mapping(project, capsys):
+    rows = "".join(f"{x / 4},{x / 2 + 1}\n" for x in range(-8, 8))
+    (project / "data" / "train.txt").write_text("input_x,labels\n" + rows)  # CSV under a .txt name
+    config = _config(project, "{train: data/train.txt}")
+    code, out, err = _run(capsys, "train", config, "--print-config", "--data.train.format", "csv")
+    assert code == 0, err
+    assert json.loads(out)["data"]["train"] == {"path": str(project / "data" / "train.txt"), "format": "csv"}
+    code, _, err = _run(capsys, "train", config, "--data.train.format", "csv")
+    assert code == 0, err  # read as CSV rows; as a text file it would be byte blocks the model cannot take
+    assert json.loads((project.parent / "out" / "trainer_state.json").read_text())["global_step"] == 1
+
+
+def test_a_dotted_override_below_a_plain_value_says_how_to_write_it(project, capsys):
+    config = _config(project, "{train: data/train.jsonl}")
+    code, _, err = _run(capsys, "train", config, "--max_steps.x", "1")
+    assert code == 2 and "--max_steps.x: 'max_steps' is 1 in the config, not a mapping" in err
+    assert "Override the whole value (--max_steps VALUE)" in err
+
+
 # --- factory keyword arguments -------------------------------------------------------------------------------------
 
 FACTORIES = """

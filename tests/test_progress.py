@@ -20,19 +20,18 @@ class FakeTerminal(io.StringIO):
         return True
 
 
-def _ticking(progress, run_clock, wall_clock):
-    progress._clock = lambda: run_clock[0]
-    progress._wall = lambda: wall_clock[0]
+def _ticking(progress, clock):
+    progress._clock = lambda: clock[0]
 
 
 def test_plain_lines_appear_periodically_when_logs_are_rare(capsys):
     progress = ProgressCallback(stream=io.StringIO(), plain_interval=30)
-    run, wall = [0.0], [0.0]
-    _ticking(progress, run, wall)
+    clock = [0.0]
+    _ticking(progress, clock)
     args, state, control = make_args("o"), TrainerState(max_steps=100), TrainerControl()
     progress.on_train_begin(args, state, control)
     for step in range(1, 11):  # 10 s per step: a line every 3 steps (30 s)
-        run[0] = wall[0] = 10.0 * step
+        clock[0] = 10.0 * step
         state.global_step = step
         progress.on_step_end(args, state, control)
     lines = capsys.readouterr().out.splitlines()
@@ -42,14 +41,15 @@ def test_plain_lines_appear_periodically_when_logs_are_rare(capsys):
 
 def test_a_log_line_resets_the_period_and_shows_the_rate(capsys):
     progress = ProgressCallback(stream=io.StringIO(), plain_interval=30)
-    run, wall = [0.0], [0.0]
-    _ticking(progress, run, wall)
+    clock = [0.0]
+    _ticking(progress, clock)
     args, state, control = make_args("o"), TrainerState(max_steps=40), TrainerControl()
     progress.on_train_begin(args, state, control)
-    run[0] = wall[0] = 25.0
+    clock[0] = 25.0
     state.global_step = 10
+    progress.on_step_end(args, state, control)  # 25 s < 30 s since the start: no progress line
     progress.on_log(args, state, control, logs={"loss": 1.5})
-    run[0] = wall[0] = 40.0
+    clock[0] = 40.0
     progress.on_step_end(args, state, control)  # 15 s after the log line: no progress line yet
     progress.on_log(args, state, control, logs={"loss": 1.0, "train_tokens_per_second": 99.0})
     out = capsys.readouterr().out.splitlines()

@@ -292,16 +292,27 @@ FACTORY_SECTIONS = {"model": True, "data": True, "data_collator": False, "comput
 
 def check_factories(sections: dict[str, Any]) -> None:
     """Import every factory the config names and check its keyword arguments, before anything is built."""
+    from trainwell.cli.models import model_kind
+
     for section, call_plain in FACTORY_SECTIONS.items():
         spec = sections.get(section)
         if spec is None or (section == "data" and isinstance(spec, dict) and "factory" not in spec):
+            continue
+        if section == "model" and model_kind(spec) != "factory":  # built by trainwell: see cli/models.py
             continue
         resolve_factory(spec, section, call_plain)
 
 
 def build_model(spec: Any) -> Any:
+    """The model of a config without a task: a factory's ``torch.nn.Module``."""
+    from trainwell.cli.models import model_kind
+
     if spec is None:
         raise CliError("the config has no 'model': name a factory, e.g. model: mypackage.models:build_model")
+    kind = model_kind(spec)
+    if kind != "factory":
+        raise CliError(f"model: {spec!r} is sized from a tokenizer and a task: add task: text-classification or "
+                       "causal-lm (with its text_column) and tokenizer: path/to/tokenizer.json, or name a factory.")
     model = call_factory(spec, "model", call_plain=True)
     import torch
 
@@ -340,8 +351,11 @@ def read_rows(path: str, fmt: str, columns: list[str] | None = None, limit: int 
     return rows[:limit] if limit else rows
 
 
-def load_file(spec: Any, what: str) -> tuple[Any, Any]:
-    """``(dataset, split_off_eval_or_None)`` for one file spec: a path, or a mapping of ``_FILE_KEYS``."""
+def load_file(spec: Any, what: str, text_column: str | None = None) -> tuple[Any, Any]:
+    """``(dataset, split_off_eval_or_None)`` for one file spec: a path, or a mapping of ``_FILE_KEYS``.
+
+    A plain-text file becomes byte blocks (the demo's format), or, with ``text_column`` (a task tokenizes it), one
+    row ``{text_column: the file's text}`` (and one for the split-off eval text)."""
     spec = {"path": spec} if isinstance(spec, (str, os.PathLike)) else spec
     if not isinstance(spec, dict) or "path" not in spec:
         raise CliError(f"{what}: expected a file path or {{path: ..., format: ...}}, got {spec!r}.")
@@ -355,6 +369,8 @@ def load_file(spec: Any, what: str) -> tuple[Any, Any]:
     if fmt not in FORMATS:
         raise choice_error(f"{what}.format", fmt, FORMATS)
     fraction = float(spec.get("eval_fraction", 0.0))
+    if fmt == "text" and text_column is not None:
+        return _text_rows(path, text_column, fraction)
     if fmt == "text":
         from trainwell.examples.bytedata import text_blocks
 
@@ -364,16 +380,27 @@ def load_file(spec: Any, what: str) -> tuple[Any, Any]:
     return rows[:cut], (rows[cut:] if fraction > 0 else None)
 
 
-def build_data(spec: Any) -> tuple[Any, Any]:
-    """``(train_dataset, eval_dataset_or_None)`` from the config's ``data`` section."""
+def _text_rows(path: str, column: str, fraction: float) -> tuple[list[dict], list[dict] | None]:
+    if not 0.0 <= fraction < 1.0:
+        raise CliError(f"eval_fraction={fraction}: pass a number in [0, 1).")
+    text = Path(path).read_text(encoding="utf-8")
+    cut = len(text) - int(len(text) * fraction)
+    return [{column: text[:cut]}], ([{column: text[cut:]}] if fraction > 0 else None)
+
+
+def build_data(spec: Any, text_column: str | None = None) -> tuple[Any, Any]:
+    """``(train_dataset, eval_dataset_or_None)`` from the config's ``data`` section (``text_column``: see
+    ``load_file``)."""
     if spec is None:
         raise CliError("the config has no 'data': give {train: FILE, eval: FILE} or a factory.")
     if isinstance(spec, dict) and "factory" not in spec:
         _check_keys(spec, ("train", "eval"), "data")
         if "train" not in spec:
             raise CliError("data: 'train' is missing (a file path, or {path: ..., format: ...}).")
-        train, split_eval = load_file(spec["train"], "data.train")
-        evaluation = load_file(spec["eval"], "data.eval")[0] if spec.get("eval") is not None else split_eval
+        train, split_eval = load_file(spec["train"], "data.train", text_column)
+        if spec.get("eval") is not None:
+            return train, load_file(spec["eval"], "data.eval", text_column)[0]
+        evaluation = split_eval
         return train, evaluation
     made = call_factory(spec, "data", call_plain=True)
     if isinstance(made, dict):

@@ -23,8 +23,13 @@ from trainwell.utils.errors import choice_error, did_you_mean
 
 # Config keys that are not TrainingArguments fields, with what they hold.
 SECTIONS: dict[str, str] = {
-    "model": "'package.module:factory' or {factory: ..., kwargs: {...}} returning a torch.nn.Module",
+    "model": "'package.module:factory' or {factory: ..., kwargs: {...}} returning a torch.nn.Module; with a task "
+             "also builtin, {builtin: NAME, kwargs: {...}}, {config: config.json} or {pretrained: FOLDER}",
     "data": "{train: FILE, eval: FILE} (JSONL, CSV or plain text) or 'package.module:factory'",
+    "task": "text-classification or causal-lm, or {name: ..., text_column: ..., label_column: ..., max_length: ..., "
+            "block_size: ...}: tokenize the data's text with the tokenizer",
+    "tokenizer": "a tokenizer.json file or a saved tokenizer folder (local), or {path: ..., pad_token: ..., "
+                 "eos_token: ...}",
     "data_collator": "'package.module:collator' or {factory: ..., kwargs: {...}}",
     "compute_metrics": "'package.module:function' taking an EvalPrediction",
     "resume_from_checkpoint": "a checkpoint path, true (newest complete one; an error if none) or 'auto' "
@@ -120,15 +125,34 @@ def _yaml_value(values: list[str]) -> Any:
     return parsed[0] if len(parsed) == 1 else parsed
 
 
+# A string that stands for a mapping, by where it sits, and the key it is in that mapping: a dotted override below
+# it turns it into the mapping (`data.train: f.csv` with `--data.train.format csv` -> {path: f.csv, format: csv}).
+_STRING_STANDS_FOR: dict[tuple[str, ...], str] = {
+    ("model",): "factory", ("data",): "factory", ("data_collator",): "factory", ("compute_metrics",): "factory",
+    ("data", "train"): "path", ("data", "eval"): "path", ("tokenizer",): "path", ("task",): "name",
+}
+
+
+def _as_mapping(where: tuple[str, ...], value: Any, dotted: str) -> dict[str, Any]:
+    """The mapping a config value stands for, so that the override ``--{dotted}`` can set a key inside it."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return value
+    if where == ("model",) and value == "builtin":
+        return {"builtin": True}
+    if isinstance(value, str) and where in _STRING_STANDS_FOR:
+        return {_STRING_STANDS_FOR[where]: value}
+    name = ".".join(where)
+    raise CliError(f"--{dotted}: '{name}' is {value!r} in the config, not a mapping, so there is no key inside it "
+                   f"to set. Override the whole value (--{name} VALUE), or write '{name}' as a mapping in the config.")
+
+
 def _set_nested(config: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = config
-    for key in keys[:-1]:
-        child = node.get(key)
-        if isinstance(child, str):  # `model: pkg:fn` overridden by `--model.kwargs.x 1`
-            child = {"factory": child}
-        if not isinstance(child, dict):
-            child = {}
+    for depth, key in enumerate(keys[:-1], 1):
+        child = _as_mapping(tuple(keys[:depth]), node.get(key), dotted)
         node[key] = child
         node = child
     node[keys[-1]] = value
@@ -216,8 +240,17 @@ class ConfigPath(str):
 
 
 def _path_keys(config: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The keys (as tuples) of the config's file paths: data files and JSON config files of TrainingArguments."""
+    """The keys (as tuples) of the config's file paths: data files, the tokenizer, a transformers model's config
+    file or folder, and JSON config files of TrainingArguments."""
     keys: list[tuple[str, ...]] = []
+    tokenizer = config.get("tokenizer")
+    if isinstance(tokenizer, (str, os.PathLike)):
+        keys.append(("tokenizer",))
+    elif isinstance(tokenizer, dict) and isinstance(tokenizer.get("path"), (str, os.PathLike)):
+        keys.append(("tokenizer", "path"))
+    model = config.get("model")
+    if isinstance(model, dict):
+        keys += [("model", key) for key in ("config", "pretrained") if isinstance(model.get(key), (str, os.PathLike))]
     data = config.get("data")
     if isinstance(data, dict) and "factory" not in data:
         for split in ("train", "eval"):
@@ -266,6 +299,13 @@ model:
 data:
   train: data/train.jsonl                 # FILL IN; or {path: ..., format: csv, columns: [...], eval_fraction: 0.1}
   # eval: data/eval.jsonl                 # optional evaluation set
+
+# task and tokenizer (optional): train on text columns with a local tokenizer, no Python needed. The task is
+# {name: text-classification, text_column: text, label_column: label, max_length: 128} or
+# {name: causal-lm, text_column: text, block_size: 128}; the model may then also be `builtin` (a small torch model
+# sized from the tokenizer), {config: path/to/config.json} or {pretrained: path/to/folder} (transformers).
+# task: text-classification
+# tokenizer: tokenizer.json               # a tokenizers tokenizer.json, or a folder holding a saved tokenizer
 
 # data_collator: trainwell:default_data_collator   # optional: a callable, or {factory: ..., kwargs: {...}}
 # compute_metrics: mypackage.metrics:accuracy      # optional: a function taking an EvalPrediction

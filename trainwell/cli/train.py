@@ -1,6 +1,7 @@
 """``trainwell train CONFIG.yaml [--key value ...]``: a config-driven training run.
 
-Reads the config (``trainwell.cli.config``), builds the model and data (``trainwell.cli.build``), trains
+Reads the config (``trainwell.cli.config``), builds the model and data (``trainwell.cli.build``, or for a
+``task`` the tokenized data, collator, metrics and model: ``trainwell.cli.tasks``), trains
 with any ``TrainingArguments`` the config sets, evaluates, saves the model and state, writes the run report,
 and prints where everything is. ``--print-config`` shows the merged config and exits without training;
 without a config it prints a commented template. Relative paths: see ``trainwell.cli.config.resolve_paths``.
@@ -94,29 +95,58 @@ def _without_config(print_config: bool) -> int:
     return 0
 
 
-def _train(sections: dict[str, Any], args: Any) -> int:
-    from trainwell import Trainer
+def _components(sections: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """``(Trainer keyword arguments, TaskRun or None)``: a task's tokenized data and model, or the factories'."""
     from trainwell.cli import build
 
-    model = build.build_model(sections.get("model"))
-    train_dataset, eval_dataset = build.build_data(sections.get("data"))
-    extra = {}
+    run = None
+    if sections.get("task") is not None:
+        from trainwell.cli import tasks
+
+        run = tasks.prepare(sections)
+        parts = run.trainer_kwargs()
+        print(run.describe())
+    else:
+        if sections.get("tokenizer") is not None:
+            raise CliError("tokenizer: a tokenizer is used by a task: add task: text-classification or causal-lm "
+                           "(see docs/cli.md), or load it in your own data factory.")
+        train_dataset, eval_dataset = build.build_data(sections.get("data"))
+        parts = {"model": build.build_model(sections.get("model")), "train_dataset": train_dataset,
+                 "eval_dataset": eval_dataset}
+    # Factories the config names win over what a task provides.
     if sections.get("data_collator") is not None:
-        extra["data_collator"] = build.call_factory(sections["data_collator"], "data_collator", call_plain=False)
+        parts["data_collator"] = build.call_factory(sections["data_collator"], "data_collator", call_plain=False)
     if sections.get("compute_metrics") is not None:
-        extra["compute_metrics"] = build.call_factory(sections["compute_metrics"], "compute_metrics",
+        parts["compute_metrics"] = build.call_factory(sections["compute_metrics"], "compute_metrics",
                                                       call_plain=False)
-    trainer = Trainer(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, **extra)
+        parts.pop("preprocess_logits_for_metrics", None)  # the user's metrics may want the logits
+    return parts, run
+
+
+def _train(sections: dict[str, Any], args: Any) -> int:
+    from trainwell import Trainer
+
+    parts, run = _components(sections)
+    trainer = Trainer(args=args, **parts)
     resume = _resume_target(sections.get("resume_from_checkpoint"), args.output_dir)
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
     trainer.save_state()
     print(f"\ntrained {result.global_step} steps; train loss {result.training_loss:.4g}")
-    if eval_dataset is not None:
+    if parts.get("eval_dataset") is not None:
         metrics = trainer.evaluate()
+        if run is not None and run.task.name == "causal-lm" and "eval_loss" in metrics:
+            from trainwell.cli.tasks import perplexity
+
+            metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
         print("evaluation: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                          for k, v in metrics.items()))
     print(f"model and trainer_state.json: {args.output_dir}")
+    if run is not None:
+        from trainwell.cli.tasks import TASK_FILE
+
+        print(f"tokenizer and {TASK_FILE} (the task's settings{', labels by id' if run.labels else ''}): "
+              f"{args.output_dir}")
     if sections.get("report", True) and args.should_save:
         from trainwell.report import write_report
 

@@ -1,14 +1,15 @@
 """Showing progress and logs on the console.
 
 Owns: ``ProgressCallback`` (a tqdm bar on a terminal, plain lines elsewhere), ``PrinterCallback`` (logs
-only), ``format_logs``, the display form of a logs dict they share, and ``apply_log_level`` (``log_level`` /
-``log_level_replica`` onto the ``trainwell`` logger). Sending logs to trackers belongs to
-``trainwell.integrations``. tqdm is imported only when a bar is actually drawn. Only the world main process
-prints, so a distributed run shows one bar and one set of lines.
+only), ``StepPace`` (the smoothed seconds per step their ETAs come from), ``format_logs``, the display form of
+a logs dict they share, and ``apply_log_level`` (``log_level`` / ``log_level_replica`` onto the ``trainwell``
+logger). Sending logs to trackers belongs to ``trainwell.integrations``. tqdm is imported only when a bar is
+actually drawn. Only the world main process prints, so a distributed run shows one bar and one set of lines.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -69,6 +70,83 @@ def _length(obj: Any) -> int | None:
         return None
 
 
+class StepPace:
+    """Seconds per optimizer step, smoothed so that an ETA built on it holds still.
+
+    tqdm's own rate is an average over its last few redraws, so one checkpoint save or evaluation between two
+    steps swings the remaining time by minutes (11:43 -> 2:10 -> 9:44 within 45 s). Here:
+
+    * only the time between consecutive step ends is timed, and ``pause`` drops the time since the last one:
+      the progress display calls it after an evaluation and after a save, so their time is never a step's
+      (the ETA is the training time left; evaluations and saves still to come add theirs);
+    * the estimate is the running mean of the first ``1 / smoothing`` samples (a steady start needs no
+      warm-up), then an exponential moving average with weight ``smoothing``;
+    * a sample is capped at ``outlier`` times the estimate before it counts, so a single slow step (a
+      collection pause, a slow batch) moves the estimate by at most ``smoothing * (outlier - 1)``
+      (6 % with the defaults), while a lasting slowdown still shows within a few dozen steps.
+
+    Pure arithmetic on the timestamps it is given: the caller reads the clock, once per step.
+    """
+
+    def __init__(self, smoothing: float = 0.03, outlier: float = 3.0) -> None:
+        if not 0.0 < smoothing <= 1.0 or outlier < 1.0:
+            raise ValueError(f"StepPace(smoothing={smoothing}, outlier={outlier}): pass 0 < smoothing <= 1 "
+                             "and outlier >= 1.")
+        self.smoothing = smoothing
+        self.outlier = outlier
+        self.seconds_per_step: float | None = None
+        self.last_time = 0.0
+        self._last_step = 0
+        self._samples = 0
+
+    def start(self, now: float, step: int) -> None:
+        """Training (re)starts at ``step``: the next step end is timed from ``now``; the estimate is kept."""
+        self.last_time, self._last_step = now, step
+
+    def pause(self, now: float) -> None:
+        """The time since the last step end was not spent in a step (an evaluation, a save): drop it."""
+        self.last_time = now
+
+    def step(self, now: float, step: int) -> None:
+        """A step ended at ``now`` with ``state.global_step == step`` (several steps at once are averaged)."""
+        done = step - self._last_step
+        if done <= 0:
+            return
+        sample = (now - self.last_time) / done
+        self.last_time, self._last_step = now, step
+        estimate = self.seconds_per_step
+        self._samples += 1
+        if estimate is None:
+            self.seconds_per_step = sample
+            return
+        weight = max(1.0 / self._samples, self.smoothing)
+        self.seconds_per_step = estimate + weight * (min(sample, self.outlier * estimate) - estimate)
+
+    def rate(self) -> float | None:
+        """Steps per second, or ``None`` before the first timed step (or when steps take no time at all)."""
+        spent = self.seconds_per_step
+        return 1.0 / spent if spent else None
+
+
+@functools.lru_cache(maxsize=1)
+def _paced_bar_class() -> type:
+    """A tqdm subclass whose rate, and so the remaining time tqdm derives from it, come from a ``StepPace``."""
+    from tqdm import tqdm  # imported on first draw: a Trainer that never shows a bar never pays for it
+
+    class PacedBar(tqdm):
+        pace: StepPace | None = None
+
+        @property
+        def format_dict(self) -> dict[str, Any]:
+            info = super().format_dict
+            rate = self.pace.rate() if self.pace is not None else None
+            if rate:  # tqdm's own windowed rate only until the first step has been timed
+                info["rate"] = rate
+            return info
+
+    return PacedBar
+
+
 class ProgressCallback(TrainerCallback):
     """Training progress on the world main process.
 
@@ -80,6 +158,10 @@ class ProgressCallback(TrainerCallback):
     when the logs carry no throughput), and when ``plain_interval`` seconds pass without a line, a step
     end prints a progress-only line, so a slow run with rare logs still shows it is alive.
 
+    The step rate and the remaining time, in the bar and in the lines, come from a ``StepPace``: a smoothed
+    seconds-per-step that leaves out the time spent evaluating and saving, so they do not jump after each
+    checkpoint. Cost per step: one ``time.perf_counter()`` read and a few float operations.
+
     Logs are shown through ``format_logs`` (strings over ``max_str_len`` replaced by a note), on a copy:
     the dict the Trainer passes in is never modified.
     """
@@ -88,16 +170,15 @@ class ProgressCallback(TrainerCallback):
         self.max_str_len = max_str_len
         self.plain_interval = plain_interval
         self._stream = stream
-        # Separate from _clock (which times the run for ETAs): this one only paces the plain lines.
-        self._wall = time.monotonic
+        # The one clock: times the steps for the ETA and paces the plain lines (tests replace it).
+        self._clock = time.perf_counter
         self._last_line = 0.0
+        self._plain = False  # plain progress lines at step ends: decided once per run, not per step
+        self.pace = StepPace()
         self.training_bar: Any = None
         self.prediction_bar: Any = None
         self.current_step = 0
         self._training = False
-        self._start_time = 0.0
-        self._start_step = 0
-        self._clock = time.monotonic
 
     @property
     def stream(self) -> TextIO:
@@ -111,29 +192,31 @@ class ProgressCallback(TrainerCallback):
         except ValueError:  # a closed stream
             return False
 
-    def _bar(self, **kwargs: Any) -> Any:
-        from tqdm import tqdm  # imported on first draw: a Trainer that never shows a bar never pays for it
-
-        return tqdm(file=self.stream, dynamic_ncols=True, **kwargs)
+    def _bar(self, pace: StepPace | None = None, **kwargs: Any) -> Any:
+        bar = _paced_bar_class()(file=self.stream, dynamic_ncols=True, **kwargs)
+        bar.pace = pace
+        return bar
 
     def on_train_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        now = self._clock()
         self.current_step = state.global_step
-        self._start_step = state.global_step
-        self._start_time = self._clock()
+        self.pace.start(now, state.global_step)
         self._training = True
-        self._last_line = self._wall()
-        if state.is_world_process_zero and self._interactive():
-            self.training_bar = self._bar(total=state.max_steps, initial=state.global_step)
+        self._last_line = now
+        interactive = state.is_world_process_zero and self._interactive()
+        self._plain = self.plain_interval > 0 and state.is_world_process_zero and not interactive
+        if interactive:
+            self.training_bar = self._bar(pace=self.pace, total=state.max_steps, initial=state.global_step)
 
     def on_step_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        now = self._clock()
+        self.pace.step(now, state.global_step)
         if self.training_bar is not None:
             self.training_bar.update(state.global_step - self.current_step)
-        elif self.plain_interval > 0 and state.is_world_process_zero and not self._interactive():
-            now = self._wall()
-            if now - self._last_line >= self.plain_interval:
-                self._last_line = now
-                rate = self._steps_per_second(state)
-                print(f"[{self._progress(state, rate)}] {_rate_text(rate)}".rstrip(), flush=True)
+        elif self._plain and now - self._last_line >= self.plain_interval:
+            self._last_line = now
+            rate = self.pace.rate()
+            print(f"[{self._progress(state, rate)}] {_rate_text(rate)}".rstrip(), flush=True)
         self.current_step = state.global_step
 
     def on_prediction_step(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -148,6 +231,10 @@ class ProgressCallback(TrainerCallback):
 
     def on_evaluate(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._close_prediction_bar()
+        self.pace.pause(self._clock())  # the evaluation's time is not the next step's
+
+    def on_save(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self.pace.pause(self._clock())  # nor is the checkpoint's
 
     def on_predict(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._close_prediction_bar()
@@ -158,11 +245,12 @@ class ProgressCallback(TrainerCallback):
         logs = kwargs.get("logs") or {}
         shown = format_logs(logs, self.max_str_len)
         if self.training_bar is not None:
-            self._update_postfix(logs, state)
+            self._update_postfix(logs)
             self.training_bar.write(str(shown))
         else:
-            self._last_line = self._wall()
-            rate = self._steps_per_second(state)  # read the clock once per line
+            # A log follows a step end: its time stands for now, without another clock read.
+            self._last_line = self.pace.last_time
+            rate = self.pace.rate()
             has_speed = any(key.endswith("_per_second") for key in logs)
             speed = "" if has_speed or not rate else f" ({_rate_text(rate)})"
             print(f"[{self._progress(state, rate)}] {shown}{speed}", flush=True)
@@ -179,20 +267,15 @@ class ProgressCallback(TrainerCallback):
             self.prediction_bar.close()
             self.prediction_bar = None
 
-    def _steps_per_second(self, state: TrainerState) -> float | None:
-        done = state.global_step - self._start_step
-        elapsed = self._clock() - self._start_time
-        return done / elapsed if done > 0 and elapsed > 0 else None
-
     def _progress(self, state: TrainerState, rate: float | None) -> str:
-        """``step/max_steps pct% | eta H:MM:SS``, the ETA extrapolated from this run's average step rate."""
+        """``step/max_steps pct% | eta H:MM:SS``, the ETA extrapolated from the smoothed step rate."""
         total = state.max_steps
         percent = 100.0 * state.global_step / total if total > 0 else 0.0
         remaining = max(total - state.global_step, 0)
         eta = _format_duration(remaining / rate) if rate else "?"
         return f"{state.global_step}/{total} {percent:.0f}% | eta {eta}"
 
-    def _update_postfix(self, logs: Mapping[str, Any], state: TrainerState) -> None:
+    def _update_postfix(self, logs: Mapping[str, Any]) -> None:
         postfix: dict[str, str] = {}
         if isinstance(logs.get("loss"), (int, float)):
             postfix["loss"] = f"{logs['loss']:.4g}"
@@ -201,7 +284,7 @@ class ProgressCallback(TrainerCallback):
         if isinstance(logs.get("train_tokens_per_second"), (int, float)):
             postfix["tok/s"] = f"{logs['train_tokens_per_second']:.4g}"
         else:
-            rate = self._steps_per_second(state)
+            rate = self.pace.rate()
             if rate:
                 postfix["step/s"] = f"{rate:.3g}"
         if postfix:

@@ -4,7 +4,8 @@ Owns the model (``ByteLM``), its named sizes (``SIZES``) and sampling (``generat
 the vocabulary is 256 and any text works without a tokenizer. The forward follows the contract trainwell's
 Trainer expects of any module: ``forward(input_ids, labels=None) -> {"loss", "logits"}``, where ``labels``
 are the input ids themselves and the model shifts them (position i predicts byte i+1), as causal LMs in
-``transformers`` do.
+``transformers`` do. ``vocab_size`` (default 256, the bytes) lets the same model train on a tokenizer's ids:
+``trainwell train`` builds it that way for ``task: causal-lm`` (``trainwell.cli.models``).
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ VOCAB_SIZE = 256
 
 @dataclass(frozen=True)
 class ByteLMConfig:
-    """Shape of a ``ByteLM``. ``block_size`` is the longest context the position table covers."""
+    """Shape of a ``ByteLM``. ``block_size`` is the longest context the position table covers; ``vocab_size``
+    is 256 for bytes, or a tokenizer's vocabulary size."""
 
     n_layer: int = 4
     n_head: int = 4
     d_model: int = 128
     block_size: int = 128
     dropout: float = 0.0
+    vocab_size: int = VOCAB_SIZE
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,7 +72,8 @@ class _Block(nn.Module):
 
 
 class ByteLM(nn.Module):
-    """A GPT-style language model over bytes (vocabulary 256), for training demos and tests."""
+    """A GPT-style language model over bytes (vocabulary 256, or ``config.vocab_size`` token ids), for training
+    demos and tests."""
 
     main_input_name = "input_ids"
 
@@ -79,11 +83,11 @@ class ByteLM(nn.Module):
         if cfg.d_model % cfg.n_head:
             raise ValueError(f"d_model={cfg.d_model} must be a multiple of n_head={cfg.n_head}.")
         self.config = cfg
-        self.tok = nn.Embedding(VOCAB_SIZE, cfg.d_model)
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.block_size, cfg.d_model)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, VOCAB_SIZE, bias=False)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
         # GPT-2's scaled init of the residual projections keeps the residual stream's variance flat with depth.
         for name, param in self.named_parameters():
@@ -101,7 +105,7 @@ class ByteLM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Logits ``(batch, time, 256)``; with ``labels``, also the mean next-byte cross-entropy ``loss``
+        """Logits ``(batch, time, vocab_size)``; with ``labels``, also the mean next-token cross-entropy ``loss``
         (labels equal to -100 are ignored)."""
         t = input_ids.shape[1]
         if t > self.config.block_size:
@@ -114,7 +118,7 @@ class ByteLM(nn.Module):
         out = {"logits": logits}
         if labels is not None:
             out["loss"] = F.cross_entropy(
-                logits[:, :-1].reshape(-1, VOCAB_SIZE), labels[:, 1:].reshape(-1), ignore_index=-100
+                logits[:, :-1].reshape(-1, self.config.vocab_size), labels[:, 1:].reshape(-1), ignore_index=-100
             )
         return out
 
@@ -131,7 +135,7 @@ class ByteLM(nn.Module):
         for _ in range(max_new_bytes):
             logits = self(ids[:, -self.config.block_size:])["logits"][0, -1].float().cpu() / max(temperature, 1e-5)
             if top_k:
-                kth = torch.topk(logits, min(top_k, VOCAB_SIZE)).values[-1]
+                kth = torch.topk(logits, min(top_k, self.config.vocab_size)).values[-1]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
             new.append(nxt)
