@@ -10,6 +10,7 @@ import os
 import pytest
 import yaml
 
+from tests.common.cli import run_cli
 from trainwell.cli import build, main
 from trainwell.cli.config import TEMPLATE
 
@@ -17,10 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = "".join(json.dumps({"input_x": x / 4, "labels": x / 2 + 1}) + "\n" for x in range(-8, 8))
 
 
-def _run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+_run = run_cli
 
 
 @pytest.fixture

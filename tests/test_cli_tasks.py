@@ -15,7 +15,7 @@ import sys
 import pytest
 import yaml
 
-from trainwell.cli import main
+from tests.common.cli import run_cli
 from trainwell.cli.tasks import Labels, Task, causal_examples, parse_task
 from trainwell.cli.tokenizer import load_tokenizer
 
@@ -25,10 +25,7 @@ NEGATIVE = ["dull boring film", "a terrible slow story", "boring acting and awfu
             "slow terrible boring", "dull music and a slow story"]
 
 
-def _run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+_run = run_cli
 
 
 @pytest.fixture

@@ -8,51 +8,18 @@ a resume at the same world size is bitwise.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from tests.common.launch import ScriptRuns
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "distributed", "fsdp_script.py")
 pytestmark = pytest.mark.distributed
 TOL = 1e-6
-
-
-class Runs:
-    """Launches the script once per named configuration and keeps each result."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.results: dict[str, dict] = {}
-
-    def workdir(self, name: str) -> Path:
-        return self.root / name
-
-    def __call__(self, name: str, processes: int, *flags: str, killed: bool = False, workdir: str = "") -> dict:
-        """Run ``name`` once (in the folder of ``workdir`` or of ``name``); ``killed``: a process dies on purpose."""
-        if name not in self.results:
-            out = self.root / f"{name}.json"
-            if processes:
-                launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
-            else:
-                launch = [sys.executable]  # one plain process, no process group
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-            folder = str(self.workdir(workdir or name))
-            proc = subprocess.run(launch + [SCRIPT, "--out", str(out), "--workdir", folder, *flags],
-                                  env=env, capture_output=True, text=True, timeout=300)
-            log = proc.stdout + proc.stderr
-            if killed:  # a process was killed on purpose: torchrun stops the others and fails
-                assert proc.returncode != 0 and "(SIGKILL)" in log, log[-4000:]
-                self.results[name] = {"log": log}
-            else:
-                assert proc.returncode == 0, log[-7000:]
-                self.results[name] = {**json.loads(out.read_text()), "log": log}
-        return self.results[name]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +28,7 @@ def runs(tmp_path_factory):
 
     if torch.cuda.is_available():
         pytest.skip("these runs use the CPU-only FSDP patch")
-    return Runs(tmp_path_factory.mktemp("fsdp"))
+    return ScriptRuns(SCRIPT, tmp_path_factory.mktemp("fsdp"))
 
 
 FSDP = ("--fsdp", "--fsdp-on-cpu")

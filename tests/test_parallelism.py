@@ -11,42 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.common.launch import ScriptRuns
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "distributed", "parallelism_script.py")
 pytestmark = pytest.mark.distributed
 MESH = "--mesh-on-cpu"
-
-
-class Runs:
-    """Launches the script once per named configuration and keeps each result."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.results: dict[str, dict] = {}
-
-    def __call__(self, name: str, processes: int, *flags: str, fails: bool = False) -> dict:
-        if name not in self.results:
-            out = self.root / f"{name}.json"
-            launch = [sys.executable]
-            if processes:
-                launch += ["-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.run(launch + [SCRIPT, "--out", str(out), "--workdir", str(self.root / name), *flags],
-                                  env=env, capture_output=True, text=True, timeout=300)
-            log = proc.stdout + proc.stderr
-            if fails:
-                assert proc.returncode != 0, log[-4000:]
-                self.results[name] = {"log": log}
-            else:
-                assert proc.returncode == 0, log[-7000:]
-                self.results[name] = {**json.loads(out.read_text()), "log": log}
-        return self.results[name]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +28,7 @@ def runs(tmp_path_factory):
 
     if torch.cuda.is_available():
         pytest.skip("these runs use the CPU-only mesh patch")
-    return Runs(tmp_path_factory.mktemp("mesh"))
+    return ScriptRuns(SCRIPT, tmp_path_factory.mktemp("mesh"))
 
 
 @pytest.fixture(scope="module")

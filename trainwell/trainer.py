@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from trainwell import checks, search, techniques, wiring
+from trainwell.backend import failures
 from trainwell.backend.runtime import to_device
 from trainwell.checkpoint import contents
 from trainwell.checkpoint.contents import Phase
@@ -212,7 +213,7 @@ class Trainer:
             self.lr_scheduler = None  # built for the previous call's length: build it again for this one
         if self.args.activation_checkpointing:
             wiring.enable_activation_checkpointing(self.model, self.args.activation_checkpointing_kwargs)
-        with techniques.during_training(self):
+        with techniques.during_training(self), failures.stop_together(self):
             resume = Resume.find(resume_from_checkpoint, self.args.output_dir)
             if resume is not None:
                 resume.restore(self, Phase.WEIGHTS)
@@ -398,14 +399,14 @@ class Trainer:
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
     ) -> dict[str, float]:
         """Evaluate and return metrics prefixed ``{metric_key_prefix}_``; a dict of datasets evaluates each."""
-        with self._memory_tracker.track("eval") as add_memory:
+        with self._memory_tracker.track("eval") as add_memory, failures.stop_together(self):
             return add_memory(evaluation.evaluate(self, eval_dataset, ignore_keys, metric_key_prefix))
 
     def predict(
         self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
     ) -> PredictionOutput:
         """Predictions (in dataset order), label ids when present, and ``test_`` metrics."""
-        with self._memory_tracker.track("test") as add_memory:
+        with self._memory_tracker.track("test") as add_memory, failures.stop_together(self):
             output = evaluation.predict(self, test_dataset, ignore_keys, metric_key_prefix)
             add_memory(output.metrics)
             return output
