@@ -25,7 +25,6 @@ Nothing of this runs in a single process, and nothing per step (the watchdog is 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 import os
 import sys
@@ -138,10 +137,10 @@ def _initialized() -> bool:
 def _store() -> Any:
     import torch.distributed as dist
 
+    # Only calls that never wait are made on it (set, add, check, and get after check): its timeout, which
+    # the process group's own rendezvous relies on, is left alone.
     try:
-        store = dist.distributed_c10d._get_default_store()
-        store.set_timeout(datetime.timedelta(seconds=NOTE_WAIT_SECONDS))
-        return store
+        return dist.distributed_c10d._get_default_store()
     except Exception:  # no store (a process group made without one): the messages cannot name processes
         return None
 
