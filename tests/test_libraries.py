@@ -59,6 +59,7 @@ def test_trl_dpo_trainer_runs_on_trainwell_like_on_the_reference(tmp_path):
     pytest.importorskip("trl")
     reference, ours = _compare(tmp_path, "dpo")
     assert ours["margins"] == pytest.approx(reference["margins"], rel=1e-6, abs=1e-9)
+    _resumes(tmp_path, "dpo", ours)
 
 
 def test_sentence_transformers_trainer_runs_on_trainwell_like_on_the_reference(tmp_path):
