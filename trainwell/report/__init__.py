@@ -4,6 +4,10 @@
 inlined, ``summary.txt``); ``write_comparison(run_dirs, out)`` writes one plot and page comparing runs.
 Plots need matplotlib (``pip install 'trainwell[report]'``); without it the page and summary are still
 written, with a note saying what to install. Nothing here is imported by ``import trainwell``.
+
+The parts: ``history`` reads a run (``sessions`` tells the ``train()`` calls of a resumed run apart,
+``run_info`` finds its hyperparameters), ``curves`` computes x axes and smoothing, ``tables`` the rows of the
+tables, ``plots`` draws and ``page`` writes the HTML.
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainwell.report import page
+from trainwell.report.curves import AXES, AxisError, build_axis, shared_axes
 from trainwell.report.history import RunHistory, load_run, summary, summary_text
 from trainwell.report.plots import matplotlib_available
+from trainwell.report.tables import comparison_rows, info_rows, session_rows, text_table
 
-__all__ = ["Report", "RunHistory", "load_run", "summary", "summary_text", "write_comparison", "write_report"]
+__all__ = ["AXES", "AxisError", "Report", "RunHistory", "load_run", "summary", "summary_text", "write_comparison",
+           "write_report"]
 
 _NO_MATPLOTLIB = "Plots were skipped: matplotlib is not installed (pip install 'trainwell[report]')."
 
@@ -33,33 +40,43 @@ class Report:
 
 
 def write_report(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None,
-                 name: str | None = None) -> Report:
+                 name: str | None = None, x: str = "step", smoothing: float | None = None) -> Report:
     """Report on one run (a finished or running ``output_dir``, a checkpoint, or a state file).
 
-    ``out_dir`` defaults to ``<run folder>/report``. Files there with the same names are replaced.
+    ``out_dir`` defaults to ``<run folder>/report``. Files there with the same names are replaced. ``x`` is the
+    plots' x axis (``step``, ``epoch``, ``tokens`` or ``time``): ``AxisError`` (a ``ValueError`` saying what
+    the history lacks) before anything is written when the run cannot give it. ``smoothing`` is the train
+    loss's exponential-average weight in [0, 1) (None: chosen from the number of points; 0: none).
     """
     run = load_run(run_dir, name=name)
+    build_axis(run, x)  # fail before writing anything
     out = Path(out_dir) if out_dir is not None else Path(run.run_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     images, note = [], None
     if matplotlib_available():
         from trainwell.report.plots import plot_run
 
-        images = plot_run(run, out)
+        images = plot_run(run, out, x=x, smoothing=smoothing)
     else:
         note = _NO_MATPLOTLIB
     text = summary_text(run)
     (out / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    tables = [("Sessions", page.rows_table(session_rows(run)) if len(run.sessions) > 1 else ""),
+              ("Hyperparameters", page.key_value_table(run.info) if run.info else "")]
     html_path = out / "index.html"
     html_path.write_text(
-        page.render(f"trainwell run report: {run.name}", [summary(run)], images, note, run.state["log_history"]),
+        page.render(f"trainwell run report: {run.name}", [summary(run)], images, note, run.state["log_history"],
+                    tables=tables),
         encoding="utf-8",
     )
     return Report(out, html_path, images, text, note)
 
 
-def write_comparison(run_dirs: list[str | os.PathLike[str]], out_dir: str | os.PathLike[str]) -> Report:
-    """One comparison plot (``comparison.png``) and page (``index.html``) for several runs, in ``out_dir``.
+def write_comparison(run_dirs: list[str | os.PathLike[str]], out_dir: str | os.PathLike[str], x: str = "step",
+                     smoothing: float | None = None) -> Report:
+    """One comparison plot (``comparison.png``) and page (``index.html``) for several runs, in ``out_dir``:
+    the runs' curves on shared axes, a table of final and best metrics per run, their hyperparameters side by
+    side (the differing ones marked), then each run's summary. ``x`` and ``smoothing`` as in ``write_report``.
 
     Runs are named after their folders; when two folders share a name, their full paths are used.
     """
@@ -68,18 +85,27 @@ def write_comparison(run_dirs: list[str | os.PathLike[str]], out_dir: str | os.P
     if len(set(names)) < len(names):
         names = [str(p) for p in paths]
     runs = [load_run(p, name=n) for p, n in zip(paths, names)]
+    shared_axes(runs, x)  # fail before writing anything
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     images, note = [], None
     if matplotlib_available():
         from trainwell.report.plots import plot_comparison
 
-        images = [plot_comparison(runs, out)]
+        images = [plot_comparison(runs, out, x=x, smoothing=smoothing)]
     else:
         note = _NO_MATPLOTLIB
-    text = "\n\n".join(summary_text(r) for r in runs)
+    rows, (params, differing) = comparison_rows(runs), info_rows(runs)
+    text = "runs:\n" + text_table(rows)
+    if params:
+        text += "\n\nhyperparameters:\n" + text_table(params)
+    text += "".join(f"\n\n{summary_text(r)}" for r in runs)
     (out / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    tables = [("Final and best metrics", page.rows_table(rows)),
+              ("Hyperparameters", page.rows_table(params, highlight=differing))]
+    details = [(f"Run: {r.name}", page.key_value_table(summary(r))) for r in runs]
     html_path = out / "index.html"
-    html_path.write_text(page.render("trainwell run comparison", [summary(r) for r in runs], images, note),
+    html_path.write_text(page.render("trainwell run comparison", [], images, note, tables=tables, details=details),
                          encoding="utf-8")
     return Report(out, html_path, images, text, note)
+

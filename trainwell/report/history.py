@@ -1,8 +1,10 @@
 """Reading a run: ``trainer_state.json`` (written by trainwell or by the reference Trainer) into series.
 
 Owns finding the state file of a run folder, turning ``log_history`` into per-metric ``(step, value)``
-series, and the short text summary. Drawing belongs to ``trainwell.report.plots``; the HTML page to
-``trainwell.report.page``. Only the standard library is used here, so summaries work without matplotlib.
+series (the sessions of a resumed run are told apart by ``trainwell.report.sessions``), and the short text
+summary: totals over sessions, honest throughput, hyperparameters. Drawing belongs to
+``trainwell.report.plots``; the HTML page to ``trainwell.report.page``. Only the standard library is used
+here, so summaries work without matplotlib.
 """
 
 from __future__ import annotations
@@ -14,26 +16,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainwell.report.curves import INDEX_KEYS
+from trainwell.report.run_info import run_info
+from trainwell.report.sessions import Session, entry_step, merged_entries, number, split_sessions, weighted_mean_loss
+from trainwell.report.tables import session_rows, text_table
+
 STATE_FILE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
-# Logged once, at the end of train(): summary values, not curves.
-SUMMARY_KEYS = frozenset({
-    "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos",
-})
-# Bookkeeping columns of every log entry, never plotted as metrics.
 _INDEX_KEYS = frozenset({"step", "epoch"})
 
 
 @dataclass
 class RunHistory:
-    """One run, as read from its state file: ``series`` maps a metric to its ``(step, value)`` points."""
+    """One run, as read from its state file.
+
+    ``series`` maps a metric to its ``(step, value)`` points; ``final`` holds the numbers of the last
+    end-of-``train()`` summary; ``sessions`` the ``train()`` calls of a resumed run (one for a run trained in one
+    go); ``entries`` the ``(session index, log entry)`` pairs the curves are drawn from (overlaps resolved,
+    summaries apart); ``info`` the hyperparameters and recorded versions (``trainwell.report.run_info``).
+    """
 
     name: str
     state_path: str
     state: dict[str, Any]
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     final: dict[str, float] = field(default_factory=dict)
+    sessions: list[Session] = field(default_factory=list)
+    entries: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    info: dict[str, str] = field(default_factory=dict)
 
     @property
     def run_dir(self) -> str:
@@ -91,29 +102,30 @@ def _has_run(folder: Path) -> bool:
         return False
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
 def series_from_log_history(log_history: list[dict[str, Any]]) -> tuple[dict[str, list[tuple[int, float]]],
                                                                           dict[str, float]]:
     """``(series, final)``: every numeric key of ``log_history`` as ``(step, value)`` points, in order, and the
-    once-per-run summary values (``train_runtime``, ``train_loss``, ...). Non-numeric values are skipped."""
+    numbers of the last end-of-``train()`` summary (``train_runtime``, ``train_loss``, ...). Non-numeric values
+    are skipped; where sessions of a resumed run overlap, the later session's entries win."""
+    sessions = split_sessions(log_history)
+    return _step_series(merged_entries(sessions)), _final(sessions)
+
+
+def _step_series(entries: list[tuple[int, dict[str, Any]]]) -> dict[str, list[tuple[int, float]]]:
     series: dict[str, list[tuple[int, float]]] = {}
-    final: dict[str, float] = {}
-    for entry in log_history:
-        step = int(entry.get("step", 0) or 0)
+    for _, entry in entries:
         for key, raw in entry.items():
-            value = _number(raw)
-            if value is None or key in _INDEX_KEYS:
-                continue
-            if key in SUMMARY_KEYS:
-                final[key] = value
-            else:
-                series.setdefault(key, []).append((step, value))
-    return series, final
+            value = number(raw)
+            if value is not None and key not in INDEX_KEYS:
+                series.setdefault(key, []).append((entry_step(entry), value))
+    return series
+
+
+def _final(sessions: list[Session]) -> dict[str, float]:
+    summaries = [s.summary for s in sessions if s.summary]
+    if not summaries:
+        return {}
+    return {k: v for k, raw in summaries[-1].items() if (v := number(raw)) is not None and k not in _INDEX_KEYS}
 
 
 def load_run(path: str | os.PathLike[str], name: str | None = None) -> RunHistory:
@@ -125,9 +137,11 @@ def load_run(path: str | os.PathLike[str], name: str | None = None) -> RunHistor
         raise ValueError(f"{state_path} is not valid JSON ({err.msg}); is the run still writing it?") from None
     if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
         raise ValueError(f"{state_path} has no log_history list: it is not a trainer_state.json.")
-    series, final = series_from_log_history(state["log_history"])
-    run = RunHistory(name or "", str(state_path), state, series, final)
+    sessions = split_sessions(state["log_history"])
+    entries = merged_entries(sessions)
+    run = RunHistory(name or "", str(state_path), state, _step_series(entries), _final(sessions), sessions, entries)
     run.name = name or Path(run.run_dir).name or str(path)
+    run.info = run_info(run.run_dir, state_path, state)
     return run
 
 
@@ -137,7 +151,8 @@ def last_value(run: RunHistory, key: str) -> tuple[int, float] | None:
 
 
 def summary(run: RunHistory) -> dict[str, Any]:
-    """The headline numbers of a run, as a flat dict (absent values are left out)."""
+    """The headline numbers of a run, as a flat dict (absent values are left out). Runtime and throughput are
+    totals over the run's sessions (``sessions_summary``); the hyperparameters are apart, in ``run.info``."""
     state = run.state
     out: dict[str, Any] = {"run": run.name, "state file": run.state_path,
                            "steps": f"{state.get('global_step', '?')} / {state.get('max_steps', '?')}"}
@@ -146,13 +161,15 @@ def summary(run: RunHistory) -> dict[str, Any]:
                                  for k, v in state["trial_params"].items())
     if state.get("epoch") is not None:
         out["epoch"] = round(float(state["epoch"]), 3)
-    if "train_runtime" in run.final:
-        out["runtime"] = _duration(run.final["train_runtime"])
+    out.update(sessions_summary(run))
     for key, label in (("loss", "train loss"), ("eval_loss", "validation loss")):
         points = run.series.get(key)
         if points:
             first, last = points[0], points[-1]
             out[label] = f"{first[1]:.4g} (step {first[0]}) -> {last[1]:.4g} (step {last[0]})"
+    mean = weighted_mean_loss([e for _, e in run.entries])
+    if mean is not None:
+        out["mean train loss"] = f"{mean:.4g} (over every step, from the logged losses)"
     if run.series.get("eval_loss"):
         step, best = min(run.series["eval_loss"], key=lambda p: p[1])
         # Perplexity only means something for a language model's cross-entropy: shown when the run logged it.
@@ -163,16 +180,60 @@ def summary(run: RunHistory) -> dict[str, Any]:
         out["best metric"] = f"{state['best_metric']:.6g}"
     if state.get("best_model_checkpoint"):
         out["best checkpoint"] = state["best_model_checkpoint"]
-    for key in ("train_samples_per_second", "train_steps_per_second"):
-        if key in run.final:
-            out[key.replace("_", " ")] = f"{run.final[key]:.4g}"
     return out
 
 
+def sessions_summary(run: RunHistory) -> dict[str, str]:
+    """Sessions, runtime and throughput of the whole run. Runtime is the sum over sessions; a session that
+    logged none is named (the total is then a lower bound). Throughput is work over time, computed here
+    (summed steps, samples and tokens over summed runtime) rather than copied from one session's summary, which
+    covers only that ``train()`` call."""
+    sessions = run.sessions
+    out: dict[str, str] = {}
+    if len(sessions) > 1:
+        out["sessions"] = _resumes(sessions)
+    timed = [s for s in sessions if s.runtime]
+    untimed = [s for s in sessions if s.runtime is None and (s.entries or s.summary)]
+    if timed:
+        total = sum(s.runtime or 0.0 for s in timed)
+        lower = untimed or any(not s.runtime_is_complete for s in timed)
+        out["runtime"] = ("at least " if lower else "") + _duration(total) + (
+            f" over {len(sessions)} sessions" if len(sessions) > 1 else "")
+    if untimed:
+        out["runtime not logged"] = ", ".join(f"session {s.index} (steps {s.start_step}-{s.end_step})"
+                                              for s in untimed)
+    for name, amount in (("steps", lambda s: s.trained_steps), ("samples", lambda s: s.samples),
+                         ("tokens", lambda s: s.tokens)):
+        known = [s for s in timed if amount(s) is not None]
+        if known and (seconds := sum(s.runtime or 0.0 for s in known)):
+            rate = sum(amount(s) or 0.0 for s in known) / seconds
+            partial = (f" (session{'s' if len(known) > 1 else ''} {', '.join(str(s.index) for s in known)} only)"
+                       if len(known) < len(sessions) else "")
+            out[f"train {name} per second"] = f"{rate:.4g}{partial}"
+    return out
+
+
+def _resumes(sessions: list[Session]) -> str:
+    points = ", ".join(str(s.start_step) for s in sessions[1:])
+    text = f"{len(sessions)} (resumed at step{'s' if len(sessions) > 2 else ''} {points})"
+    covered = max(s.end_step for s in sessions) - sessions[0].start_step
+    repeated = sum(s.trained_steps for s in sessions) - covered
+    return text + (f"; {repeated} steps trained more than once" if repeated > 0 else "")
+
+
 def summary_text(run: RunHistory) -> str:
-    rows = summary(run)
-    width = max(map(len, rows))
-    return "\n".join(f"{key:<{width}}  {value}" for key, value in rows.items())
+    """The summary as aligned ``key  value`` lines, then the sessions of a resumed run and the hyperparameters."""
+    text = key_values(summary(run))
+    if len(run.sessions) > 1:
+        text += "\n\nsessions:\n" + text_table(session_rows(run))
+    if run.info:
+        text += "\n\nhyperparameters:\n" + key_values(run.info, indent="  ")
+    return text
+
+
+def key_values(rows: dict[str, Any], indent: str = "") -> str:
+    width = max(map(len, rows), default=0)
+    return "\n".join(f"{indent}{key:<{width}}  {value}" for key, value in rows.items())
 
 
 def _duration(seconds: float) -> str:

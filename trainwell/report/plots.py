@@ -1,7 +1,9 @@
 """Drawing a run's curves as PNG files with matplotlib (an optional dependency: ``trainwell[report]``).
 
-Owns which metrics go on which figure (``plot_groups``) and the drawing. Only matplotlib's object API on the
-Agg canvas is used (``Figure``, never ``pyplot``), so making a report never changes the backend or global
+Owns which metrics go on which figure (``plot_groups``) and the drawing: the x axis chosen (step, epoch, tokens,
+time; ``trainwell.report.curves`` computes it), the train loss smoothed over its faint raw curve, a log-scale y
+for curves spanning more than a decade, and a dashed line at each resume point. Only matplotlib's object API on
+the Agg canvas is used (``Figure``, never ``pyplot``), so making a report never changes the backend or global
 state of the program that calls it, and works without a display.
 """
 
@@ -11,9 +13,22 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trainwell.report.curves import (
+    Axis,
+    auto_weight,
+    axis_series,
+    build_axis,
+    shared_axes,
+    smooth,
+    spans_decade,
+    values_of,
+)
 from trainwell.report.history import RunHistory
 
 _SKIP_EVAL = ("_runtime",)  # eval timings are throughput, drawn on their own figure
+# Curves whose y is never put on a log scale: a schedule decaying linearly to ~0 would look like a cliff.
+_LINEAR_ONLY = frozenset({"learning_rate"})
+Points = list[tuple[float, float]]
 
 
 def matplotlib_available() -> bool:
@@ -50,67 +65,134 @@ def _label(key: str) -> str:
     return {"loss": "train loss", "eval_loss": "validation loss"}.get(key, key.replace("_", " "))
 
 
-def _figure(title: str) -> tuple[Any, Any]:
-    from matplotlib.figure import Figure  # deferred: matplotlib is optional and slow to import
-
-    fig = Figure(figsize=(7, 3.6), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
+def _style_axes(ax: Any, title: str, xlabel: str) -> None:
     ax.set_title(title)
-    ax.set_xlabel("step")
+    ax.set_xlabel(xlabel)
     ax.grid(True, alpha=0.3)
-    return fig, ax
 
 
-def _draw(ax: Any, points: list[tuple[int, float]], label: str) -> None:
-    steps, values = zip(*points)
-    style = {"marker": "o", "markersize": 3} if len(points) < 30 else {}
-    ax.plot(steps, values, label=label, **style)
+def _draw(ax: Any, points: Points, label: str | None, color: Any = None, **style: Any) -> Any:
+    xs, values = zip(*points)
+    if len(points) < 30 and "alpha" not in style:
+        style = {"marker": "o", "markersize": 3, **style}
+    return ax.plot(xs, values, label=label, color=color, **style)[0]
 
 
-def plot_run(run: RunHistory, out_dir: str | os.PathLike[str]) -> list[Path]:
-    """One PNG per figure of ``plot_groups`` in ``out_dir``; returns their paths in display order."""
+def _draw_key(ax: Any, key: str, points: Points, label: str, weight: float | None, color: Any = None) -> None:
+    """One curve; the train loss smoothed (exponential average, ``curves.smooth``) over its raw curve drawn
+    faint, when there is anything to smooth."""
+    w = auto_weight(len(points)) if weight is None else weight
+    if key != "loss" or w == 0 or len(points) < 3:
+        _draw(ax, points, label, color)
+        return
+    raw = _draw(ax, points, None, color, alpha=0.25, linewidth=0.8)
+    smoothed = list(zip([x for x, _ in points], smooth(values_of(points), w)))
+    _draw(ax, smoothed, f"{label} (smoothed {w:.2g})", raw.get_color(), linewidth=1.6)
+
+
+def _finish(ax: Any, keys: list[str], curves: list[Points], ylabel: str) -> None:
+    """Log-scale y when the curves span more than a decade (and are not a learning rate)."""
+    if not set(keys) & _LINEAR_ONLY and spans_decade(*(values_of(c) for c in curves)):
+        from matplotlib.ticker import LogFormatter
+
+        ax.set_yscale("log")
+        # plain numbers (20, 30, 100) rather than 2 x 10^1: a loss or perplexity is read, not derived
+        ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+        ylabel += " (log scale)"
+    ax.set_ylabel(ylabel)
+    if set(keys) & _LINEAR_ONLY:
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    if len(ax.get_legend_handles_labels()[0]) > 1:
+        ax.legend(fontsize="small")
+
+
+def _mark_resumes(ax: Any, axis: Axis, color: Any = "0.45") -> None:
+    for x, text in axis.marks:
+        ax.axvline(x, color=color, linestyle="--", linewidth=0.9, alpha=0.8)
+        ax.text(x, 0.98, f" {text}", transform=ax.get_xaxis_transform(), va="top", fontsize=7, color=color)
+
+
+def plot_run(run: RunHistory, out_dir: str | os.PathLike[str], x: str = "step",
+             smoothing: float | None = None) -> list[Path]:
+    """One PNG per figure of ``plot_groups`` in ``out_dir``, against the ``x`` axis (``curves.AXES``);
+    returns their paths in display order. ``smoothing`` is the train loss's averaging weight (None: chosen
+    from the number of points, ``curves.auto_weight``; 0: none). ``AxisError`` before any file is written when
+    the history cannot give ``x``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, keys in plot_groups(run.series).items():
-        fig, ax = _figure(f"{_label(name) if len(keys) == 1 else name.replace('_', ' ')} — {run.name}")
-        for key in keys:
-            _draw(ax, run.series[key], _label(key))
-        if name == "learning_rate":
-            ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-        if len(keys) > 1:
-            ax.legend()
-        else:  # e.g. throughput: say which speed (tokens or samples per second) is drawn
-            ax.set_ylabel(_label(keys[0]))
+    for name, fig in run_figures(run, x, smoothing).items():
         path = out / f"{name}.png"
         fig.savefig(path)
         written.append(path)
     return written
 
 
-def plot_comparison(runs: list[RunHistory], out_dir: str | os.PathLike[str]) -> Path:
-    """One PNG comparing runs: a panel per metric that at least one run has (losses and learning rate first)."""
-    from matplotlib.figure import Figure
+def run_figures(run: RunHistory, x: str = "step", smoothing: float | None = None) -> dict[str, Any]:
+    """Figure name -> the matplotlib ``Figure`` that ``plot_run`` saves (for tests and for embedding)."""
+    from matplotlib.figure import Figure  # deferred: matplotlib is optional and slow to import
 
+    axis = build_axis(run, x)
+    series = axis_series(run, axis)
+    figures = {}
+    for name, keys in plot_groups(series).items():
+        fig = Figure(figsize=(7, 3.6), dpi=100, layout="constrained")
+        ax = fig.add_subplot()
+        _style_axes(ax, f"{_label(name) if len(keys) == 1 else name.replace('_', ' ')} — {run.name}", axis.label)
+        for key in keys:
+            _draw_key(ax, key, series[key], _label(key), smoothing)
+        _mark_resumes(ax, axis)
+        _finish(ax, keys, [series[k] for k in keys], _label(keys[0]) if len(keys) == 1 else "loss")
+        figures[name] = fig
+    return figures
+
+
+def comparison_keys(runs: list[RunHistory]) -> list[str]:
+    """The metrics compared: losses, learning rate and gradient norm first, then the evaluation metrics."""
     present = {k for run in runs for k in run.series}
     first = [k for k in ("loss", "eval_loss", "learning_rate", "grad_norm") if k in present]
     others = sorted(k for k in present if k.startswith("eval_") and k not in first
                     and not k.endswith(("_per_second",) + _SKIP_EVAL))
-    keys = first + others or sorted(present)[:1]
-    cols = 2 if len(keys) > 1 else 1
-    rows = -(-len(keys) // cols) or 1
-    fig = Figure(figsize=(6 * cols, 3.4 * rows), dpi=100, layout="constrained")
-    for i, key in enumerate(keys):
-        ax = fig.add_subplot(rows, cols, i + 1)
-        ax.set_title(_label(key))
-        ax.set_xlabel("step")
-        ax.grid(True, alpha=0.3)
-        for run in runs:
-            if run.series.get(key):
-                _draw(ax, run.series[key], run.name)
-        ax.legend(fontsize="small")
+    return first + others or sorted(present)[:1]
+
+
+def plot_comparison(runs: list[RunHistory], out_dir: str | os.PathLike[str], x: str = "step",
+                    smoothing: float | None = None) -> Path:
+    """One PNG comparing runs: a panel per metric that at least one run has, every run on the same axes (one
+    colour per run in every panel, panels sharing the x axis), log-scale y when the runs together span more
+    than a decade. ``AxisError`` names the run that cannot give ``x``."""
+    fig = comparison_figure(runs, x, smoothing)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "comparison.png"
     fig.savefig(path)
     return path
+
+
+def comparison_figure(runs: list[RunHistory], x: str = "step", smoothing: float | None = None) -> Any:
+    """The ``Figure`` that ``plot_comparison`` saves."""
+    from matplotlib.figure import Figure
+
+    axes = shared_axes(runs, x)
+    series = [axis_series(run, axis) for run, axis in zip(runs, axes)]
+    keys = comparison_keys(runs)
+    cols = 2 if len(keys) > 1 else 1
+    rows = -(-len(keys) // cols) or 1
+    fig = Figure(figsize=(6 * cols, 3.4 * rows), dpi=100, layout="constrained")
+    grid = fig.subplots(rows, cols, sharex=True, squeeze=False).ravel()
+    colors = [f"C{i % 10}" for i in range(len(runs))]
+    for ax, key in zip(grid, keys):
+        _style_axes(ax, _label(key), axes[0].label)
+        ax.xaxis.set_tick_params(labelbottom=True)  # every panel keeps its numbers: a row may end early
+        curves = []
+        for run, axis, run_series, color in zip(runs, axes, series, colors):
+            if run_series.get(key):
+                _draw_key(ax, key, run_series[key], run.name, smoothing, color)
+                _mark_resumes(ax, axis, color)
+                curves.append(run_series[key])
+        _finish(ax, [key], curves, _label(key))
+        ax.legend(fontsize="small")
+    for ax in grid[len(keys):]:
+        ax.remove()
+    return fig

@@ -1,0 +1,115 @@
+"""What a run was trained with: the hyperparameters of its ``training_args.json`` and the recorded versions.
+
+``training_args.json`` is what trainwell's ``save_model`` and every checkpoint write (``TrainingArguments.to_dict()``);
+it is looked for in the run folder, in the folder the state file came from, then in the newest checkpoint. The
+reference writes ``training_args.bin`` instead, a pickle: it is never opened (loading it could run code).
+Versions are read where a run records them: a ``*_version`` key of ``training_args.json``, ``trainer_state.json``
+or the model's ``config.json`` (``transformers_version``), and the "Framework versions" of the model card
+(``README.md``) that ``create_model_card`` writes. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+ARGS_FILE = "training_args.json"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_CARD_VERSION = re.compile(r"^- (trainwell|Transformers|Pytorch|Accelerate) (\S+)\s*$", re.MULTILINE)
+
+
+def find_args_file(run_dir: str | Path, state_path: str | Path | None = None) -> Path | None:
+    """The ``training_args.json`` of a run, or None (see the module docstring for where it is looked for)."""
+    run = Path(run_dir)
+    candidates = [run / ARGS_FILE]
+    if state_path is not None:
+        candidates.append(Path(state_path).parent / ARGS_FILE)
+    if run.is_dir():
+        checkpoints = [(int(m.group(1)), c) for c in run.iterdir() if (m := _CHECKPOINT.match(c.name))]
+        candidates += [c / ARGS_FILE for _, c in sorted(checkpoints, key=lambda x: x[0], reverse=True)]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def hyperparameters(args: dict[str, Any]) -> dict[str, str]:
+    """The hyperparameters a person compares runs by, from a ``training_args.json`` dict, as display strings
+    (absent ones are left out): learning rate, batch size, accumulation, length, schedule, weight decay, seed,
+    precision and optimizer."""
+    out: dict[str, str] = {}
+    if "learning_rate" in args:
+        out["learning rate"] = f"{args['learning_rate']:g}" if isinstance(args["learning_rate"], (int, float)) \
+            else str(args["learning_rate"])
+    if "per_device_train_batch_size" in args:
+        out["batch size per device"] = str(args["per_device_train_batch_size"])
+    if "gradient_accumulation_steps" in args:
+        out["gradient accumulation"] = str(args["gradient_accumulation_steps"])
+    max_steps = args.get("max_steps")
+    if isinstance(max_steps, int) and max_steps > 0:
+        out["length"] = f"max_steps={max_steps}"
+    elif "num_train_epochs" in args:
+        out["length"] = f"{args['num_train_epochs']:g} epochs" if isinstance(args["num_train_epochs"], (int, float)) \
+            else f"{args['num_train_epochs']} epochs"
+    if "lr_scheduler_type" in args:
+        out["scheduler"] = str(args["lr_scheduler_type"]) + _warmup(args)
+    for key, label in (("weight_decay", "weight decay"), ("seed", "seed"), ("optim", "optimizer")):
+        if key in args:
+            out[label] = f"{args[key]:g}" if isinstance(args[key], float) else str(args[key])
+    precision = _precision(args)
+    if precision:
+        out["precision"] = precision
+    return out
+
+
+def _warmup(args: dict[str, Any]) -> str:
+    steps, ratio = args.get("warmup_steps"), args.get("warmup_ratio")
+    if isinstance(steps, (int, float)) and steps > 0:
+        return f", warmup {steps:g} " + ("steps" if steps >= 1 else "of the steps")
+    if isinstance(ratio, (int, float)) and ratio > 0:
+        return f", warmup {ratio:g} of the steps"
+    return ""
+
+
+def _precision(args: dict[str, Any]) -> str | None:
+    if not any(k in args for k in ("bf16", "fp16", "tf32")):
+        return None
+    mixed = "bf16 mixed" if args.get("bf16") else "fp16 mixed" if args.get("fp16") else "fp32"
+    return mixed + (", tf32 matmuls" if args.get("tf32") else "")
+
+
+def versions(run_dir: str | Path, args: dict[str, Any], state: dict[str, Any]) -> dict[str, str]:
+    """``package -> version`` recorded by the run (none when it recorded none: versions are never guessed from
+    what is installed now, which may differ from what trained the run)."""
+    found: dict[str, str] = {}
+    run = Path(run_dir)
+    for source in (args, state, _read_json(run / "config.json")):
+        for key, value in source.items():
+            if key.endswith("_version") and isinstance(value, str) and value:
+                found.setdefault(key.removesuffix("_version").lstrip("_"), value)
+    card = run / "README.md"
+    if card.is_file():
+        try:
+            text = card.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            text = ""
+        for name, version in _CARD_VERSION.findall(text):
+            found.setdefault({"Pytorch": "torch"}.get(name, name.lower()), version)
+    return found
+
+
+def run_info(run_dir: str | Path, state_path: str | Path, state: dict[str, Any]) -> dict[str, str]:
+    """Hyperparameters and recorded versions of a run, as display rows (empty when nothing was found)."""
+    path = find_args_file(run_dir, state_path)
+    args = _read_json(path) if path is not None else {}
+    rows = hyperparameters(args)
+    for package, version in versions(run_dir, args, state).items():
+        rows[f"{package} version"] = version
+    return rows

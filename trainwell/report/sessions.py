@@ -1,0 +1,230 @@
+"""The sessions of a run: the ``train()`` calls whose entries one ``log_history`` holds, and what each cost.
+
+How a resume shows up in ``log_history``. Resuming restores the checkpoint's ``TrainerState`` (trainwell's
+``checkpoint/resume.py``, as the reference does), so a resumed run's history is the checkpoint's history
+followed by what the new ``train()`` call logs, its step counter going on from the checkpoint's step. Two things
+follow: what the earlier call logged after that checkpoint is gone, and so is its end-of-``train()`` summary
+entry (``train_runtime``, ``train_samples_per_second``, ``train_loss``...), since checkpoints are written before
+it. A resume is therefore seen by one of these marks, checked in this order:
+
+1. a summary entry followed by more training (``train()`` called again on the same Trainer, or histories
+   appended to each other); an evaluation logged after the summary at its step stays with its session;
+2. the step going back, or a training loss logged twice at a step: a later session resumed from an earlier
+   checkpoint and its entries were appended (the later session wins for the steps both logged);
+3. the per-log ``train_runtime`` (seconds since the ``train()`` call started, logged with
+   ``include_num_input_tokens_seen``) going back: the clock of a new call;
+4. a summary that covers fewer steps than its session holds: ``train_steps_per_second x train_runtime`` is the
+   number of steps that call trained (trainwell and the reference count only the call's own steps), so the
+   entries before ``last step - that number`` came from an earlier, unsummarized call.
+
+The resume point of a session is the last step logged before its first training loss (the checkpoint's step
+when checkpoints fall on logging steps, as with the default ``save_steps`` and ``logging_steps``).
+Only the standard library is used here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Keys only the end-of-train() summary has (per-log entries carry train_runtime and train_tokens_per_second too).
+_SUMMARY_ONLY = ("train_loss", "train_samples_per_second", "train_steps_per_second")
+# train_steps_per_second is logged rounded to 3 decimals, so steps/s x runtime may be off by up to half the last
+# digit times the runtime: a slow run (0.012 steps/s for days) cannot tell a resume from rounding that way.
+_RATE_ROUNDING = 0.0005
+
+
+def is_summary(entry: dict[str, Any]) -> bool:
+    """Whether ``entry`` is the summary ``train()`` logs when it returns."""
+    return any(key in entry for key in _SUMMARY_ONLY)
+
+
+def entry_step(entry: dict[str, Any]) -> int:
+    step = entry.get("step", 0)
+    return int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else 0
+
+
+def number(value: Any) -> float | None:
+    """``value`` as a float when it is a finite or non-finite JSON number (never a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+@dataclass
+class Session:
+    """One ``train()`` call: its entries as logged (``summary`` apart), where it started and what it cost."""
+
+    index: int
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    #: the step it resumed from (0 for the first session)
+    start_step: int = 0
+    #: ``num_input_tokens_seen`` at the resume point (0 for the first session or when not logged)
+    start_tokens: float = 0.0
+
+    @property
+    def end_step(self) -> int:
+        steps = [entry_step(e) for e in self.entries] + ([entry_step(self.summary)] if self.summary else [])
+        return max(steps, default=self.start_step)
+
+    @property
+    def trained_steps(self) -> int:
+        """Optimizer steps this call trained (steps another session trained again are counted in both)."""
+        return max(self.end_step - self.start_step, 0)
+
+    @property
+    def clock(self) -> float | None:
+        """The largest per-log ``train_runtime``: how long the call had run at its last log."""
+        values = [v for e in self.entries if (v := number(e.get("train_runtime"))) is not None]
+        return max(values, default=None)
+
+    @property
+    def runtime(self) -> float | None:
+        """Seconds the call ran: the summary's ``train_runtime``, else (a call that ended without its summary)
+        the clock at its last log, a lower bound; None when neither was logged."""
+        value = number(self.summary.get("train_runtime")) if self.summary else None
+        return value if value is not None else self.clock
+
+    @property
+    def runtime_is_complete(self) -> bool:
+        return self.summary is not None and number(self.summary.get("train_runtime")) is not None
+
+    @property
+    def samples(self) -> float | None:
+        """Samples trained: steps x the samples per step the summary implies (its two rates divided), so the
+        number stays right whether a summary's rates count the call's steps only or the whole run's."""
+        if not self.summary:
+            return None
+        per_second, steps_per_second = (number(self.summary.get(k)) for k in ("train_samples_per_second",
+                                                                             "train_steps_per_second"))
+        if not per_second or not steps_per_second:
+            return None
+        return self.trained_steps * per_second / steps_per_second
+
+    @property
+    def tokens(self) -> float | None:
+        """Input tokens trained (``num_input_tokens_seen`` at the end minus at the resume point)."""
+        seen = [v for e in [*self.entries, self.summary or {}] if (v := number(e.get("num_input_tokens_seen")))]
+        return max(seen) - self.start_tokens if seen else None
+
+    @property
+    def mean_loss(self) -> float | None:
+        """The training loss averaged over the call's steps: the summary's ``train_loss``, else the logged
+        losses weighted by the steps each one averages (a log's ``loss`` is the mean since the previous log)."""
+        value = number(self.summary.get("train_loss")) if self.summary else None
+        if value is not None:
+            return value
+        return weighted_mean_loss(self.entries, self.start_step)
+
+    def rate(self, amount: float | None) -> float | None:
+        """``amount`` per second of ``runtime`` (None when either is unknown)."""
+        runtime = self.runtime
+        return amount / runtime if amount is not None and runtime else None
+
+
+def weighted_mean_loss(entries: list[dict[str, Any]], start_step: int = 0) -> float | None:
+    """The mean of the logged training losses, each weighted by the steps since the previous log (a NaN or
+    infinite log is left out, with the steps it averaged)."""
+    total, steps, previous = 0.0, 0, start_step
+    for entry in entries:
+        loss, step = number(entry.get("loss")), entry_step(entry)
+        if loss is None or step <= previous:
+            continue
+        if math.isfinite(loss):
+            total, steps = total + loss * (step - previous), steps + step - previous
+        previous = step
+    return total / steps if steps else None
+
+
+def split_sessions(log_history: list[dict[str, Any]]) -> list[Session]:
+    """The sessions of ``log_history``, in order (see the module docstring for the marks of a resume)."""
+    sessions = [Session(1)]
+    for entry in log_history:
+        if not isinstance(entry, dict):
+            continue
+        if _starts_new_session(sessions[-1], entry):
+            sessions.append(Session(len(sessions) + 1))
+        if is_summary(entry):
+            sessions[-1].summary = entry
+        else:
+            sessions[-1].entries.append(entry)
+    sessions = [s for part in sessions for s in _split_by_summary(part)]
+    for index, session in enumerate(sessions, start=1):
+        session.index = index
+    _set_resume_points(sessions)
+    return sessions
+
+
+def _starts_new_session(session: Session, entry: dict[str, Any]) -> bool:
+    if not session.entries and session.summary is None:
+        return False
+    step = entry_step(entry)
+    if session.summary is not None:  # an evaluation after train() returned belongs to the run it evaluated
+        return is_summary(entry) or "loss" in entry or step != session.end_step
+    if step < session.end_step:
+        return True
+    losses = [entry_step(e) for e in session.entries if "loss" in e]
+    if "loss" in entry and losses and step <= losses[-1]:
+        return True
+    clock, last = number(entry.get("train_runtime")), session.clock
+    return clock is not None and last is not None and clock < last
+
+
+def _split_by_summary(session: Session) -> list[Session]:
+    """``session`` alone, or, when its summary covers fewer steps than its entries span, an earlier
+    unsummarized session (the entries up to the resume point) and this one."""
+    summary = session.summary
+    if not summary or not session.entries:
+        return [session]
+    steps_per_second, runtime = number(summary.get("train_steps_per_second")), number(summary.get("train_runtime"))
+    if not steps_per_second or not runtime:
+        return [session]
+    start = session.end_step - round(steps_per_second * runtime)
+    tolerance = 1.0 + _RATE_ROUNDING * runtime
+    # Only a history logged clearly before the implied start holds an earlier call (not rounding noise).
+    if not any("loss" in e and entry_step(e) < start - tolerance for e in session.entries):
+        return [session]
+    logged = sorted({entry_step(e) for e in session.entries if entry_step(e) < session.end_step})
+    nearest = min(logged, key=lambda s: abs(s - start))
+    if abs(nearest - start) > tolerance:
+        return [session]
+    earlier = [e for e in session.entries if entry_step(e) <= nearest]
+    later = [e for e in session.entries if entry_step(e) > nearest]
+    if not earlier or not any("loss" in e for e in later):
+        return [session]
+    return [Session(0, earlier), Session(0, later, summary)]
+
+
+def _set_resume_points(sessions: list[Session]) -> None:
+    for k, session in enumerate(sessions[1:], start=1):
+        first = first_training_step(session)
+        before = [e for s in sessions[:k] for e in s.entries if entry_step(e) < first]
+        if first is None or not before:
+            session.start_step = sessions[k - 1].end_step
+            continue
+        resume = max(before, key=entry_step)
+        session.start_step = entry_step(resume)
+        session.start_tokens = number(resume.get("num_input_tokens_seen")) or 0.0
+
+
+def first_training_step(session: Session) -> int | None:
+    """The step of the session's first training log (its first entry's when it logged no loss)."""
+    losses = [entry_step(e) for e in session.entries if "loss" in e]
+    if losses:
+        return min(losses)
+    return min((entry_step(e) for e in session.entries), default=None)
+
+
+def merged_entries(sessions: list[Session]) -> list[tuple[int, dict[str, Any]]]:
+    """``(session index, entry)`` for the run's curves: where sessions overlap, the later one wins (an earlier
+    session's entries at or after a later session's first training step are left out)."""
+    out: list[tuple[int, dict[str, Any]]] = []
+    cutoff = math.inf
+    for session in reversed(sessions):
+        out[:0] = [(session.index, e) for e in session.entries if entry_step(e) < cutoff]
+        first = first_training_step(session)
+        if first is not None:
+            cutoff = min(cutoff, first)
+    return out
