@@ -19,17 +19,18 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "distributed", "failure_script.
 
 
 def _run(workdir, *flags: str) -> tuple[dict[int, dict], str]:
-    """Each process's RESULT (when it printed one) and the whole log."""
+    """Each process's result (when it wrote one) and the whole log."""
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", SCRIPT, "--workdir",
               str(workdir), *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
     log = proc.stdout + proc.stderr
     results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT "):])
-            results[result["rank"]] = result
+    for rank in (0, 1):
+        path = workdir / f"result-{rank}.json"
+        if path.is_file():
+            results[rank] = json.loads(path.read_text())
+            path.unlink()  # a later run in the same folder writes its own
     return results, log
 
 

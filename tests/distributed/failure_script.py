@@ -4,7 +4,7 @@
 logged-loss average), ``kill-in-save`` (SIGKILL while writing the step's checkpoint), ``kill-in-eval`` (SIGKILL
 inside the step's evaluation), ``raise-and-stay`` (a Python exception that the script catches, after which the
 process sleeps instead of exiting: the others must not wait for it), ``hang`` (the process stops responding:
-sleeps inside the step). Every process prints one ``RESULT {json}`` line with what stopped it and when.
+sleeps inside the step). Every process writes ``result-RANK.json`` in ``--workdir`` (what stopped it, and when).
 """
 
 from __future__ import annotations
@@ -75,7 +75,9 @@ try:
     result.update(step=trainer.state.global_step)
 except Exception as err:  # noqa: BLE001 - reported to the test
     result.update(error=type(err).__name__, message=str(err), seconds=round(time.monotonic() - start, 1))
-print("RESULT " + json.dumps(result), flush=True)
+os.makedirs(cli.workdir, exist_ok=True)
+with open(os.path.join(cli.workdir, f"result-{RANK}.json"), "w") as fh:  # a file each: printed lines interleave
+    json.dump(result, fh)
 if FAILS and cli.fail == "raise-and-stay":
     time.sleep(120)  # a notebook or a search loop that caught the error and goes on
 sys.exit(1 if "error" in result else 0)  # the launcher then stops any process still running
