@@ -274,3 +274,37 @@ def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_run_resumable(tm
     started: list[int] = []
     assert _trainer(str(tmp_path), record=started).train(resume_from_checkpoint=True).global_step == 4
     assert started == [2]
+
+
+@pytest.mark.parametrize("file", ["model.safetensors", "trainer_state.json"])
+def test_a_full_disk_in_any_checkpoint_file_is_named_the_same_way(tmp_path, monkeypatch, file):
+    # safetensors raises its own SafetensorError, a plain write an OSError: both read as the disk being full
+    import errno
+
+    from safetensors import SafetensorError
+
+    from trainwell.checkpoint import io
+    from trainwell.checkpoint.io import CheckpointWriteError
+    from trainwell.state import TrainerState
+
+    real_weights, real_state = io._write_weights, TrainerState.save_to_json
+
+    def weights(model, directory, state_dict):
+        if "checkpoint-3" in str(directory):
+            raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                                  '"No space left on device" })')
+        return real_weights(model, directory, state_dict)
+
+    def state(self, path):
+        if "checkpoint-3" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_state(self, path)
+
+    if file == "model.safetensors":
+        monkeypatch.setattr(io, "_write_weights", weights)
+    else:
+        monkeypatch.setattr(TrainerState, "save_to_json", state)
+    with pytest.raises(CheckpointWriteError) as err:
+        _trainer(str(tmp_path)).train()
+    assert f"{file} failed: the disk is full" in str(err.value) and "not published" in str(err.value)
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]

@@ -38,6 +38,7 @@ from trainwell.checkpoint.io import (
     save_model_weights,
     torch_save,
     write_json,
+    writing,
 )
 from trainwell.checkpoint.layout import (
     LEGACY_WEIGHTS_NAME,
@@ -161,7 +162,8 @@ def save_checkpoint(trainer: TrainerHooks, run_dir: str) -> Path:
     _update_best_checkpoint(trainer, run_dir)
     if args.should_save:
         state.record_callback_states(trainer.callback_handler.callbacks + [trainer.control])
-        state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
+        with writing(os.path.join(tmp, TRAINER_STATE_NAME)):
+            state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
     runtime.wait_for_everyone()  # every rank's files are in the temporary folder
     if args.should_save:
         # The folder just written is protected too: after resuming from an older checkpoint, a higher-numbered

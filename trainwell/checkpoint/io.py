@@ -68,7 +68,10 @@ def writing(path: str | os.PathLike) -> Iterator[None]:
         yield
     except CheckpointWriteError:
         raise
-    except (OSError, RuntimeError) as err:
+    except Exception as err:
+        # torch raises RuntimeError, safetensors its own SafetensorError, plain writes OSError
+        if not isinstance(err, (OSError, RuntimeError)) and type(err).__name__ != "SafetensorError":
+            raise
         full = getattr(err, "errno", None) == errno.ENOSPC or any(text in str(err) for text in _DISK_FULL)
         cause = "the disk is full" if full else f"the write failed ({type(err).__name__}: {err})"
         where = Path(path)
