@@ -184,6 +184,16 @@ def test_env_lists_versions_and_devices(capsys):
     assert code == 0 and "accelerate" in text and "devices" in text
 
 
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    # `trainwell train --print-config | head -1`: the reader is gone before trainwell writes (closed here before
+    # the child has even imported trainwell); trainwell must end quietly, not with a traceback
+    proc = subprocess.Popen([sys.executable, "-m", "trainwell", "train", "--print-config"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
 def test_python_dash_m_and_help():
     done = subprocess.run([sys.executable, "-m", "trainwell", "--help"], capture_output=True, text=True, check=True)
     assert all(cmd in done.stdout for cmd in ("demo", "train", "report", "env"))

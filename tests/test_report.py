@@ -98,6 +98,17 @@ def test_a_running_run_is_read_from_its_newest_checkpoint(trainwell_run, tmp_pat
         find_state_file(tmp_path / "empty")
 
 
+def test_a_newer_checkpoint_wins_over_an_older_saved_state(trainwell_run, tmp_path):
+    # save_state() wrote the output folder's file at step 4; the run was resumed and is now at checkpoint-8
+    run = tmp_path / "resumed"
+    for name in ("checkpoint-4", "checkpoint-8"):
+        shutil.copytree(os.path.join(trainwell_run, name), run / name)
+    shutil.copy(run / "checkpoint-4" / "trainer_state.json", run / "trainer_state.json")
+    assert find_state_file(run) == run / "checkpoint-8" / "trainer_state.json"
+    shutil.copy(run / "checkpoint-8" / "trainer_state.json", run / "trainer_state.json")  # a tie: the run's own
+    assert find_state_file(run) == run / "trainer_state.json"
+
+
 def test_comparison_of_several_runs(trainwell_run, tmp_path):
     pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install 'trainwell[report]')")
     reference = tmp_path / "reference"

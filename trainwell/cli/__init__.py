@@ -55,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `trainwell report ... | head` closed the pipe: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that flushing stdout at exit does not fail again
+        return 0
     except (CliError, ValueError, FileNotFoundError, ImportError, NotImplementedError) as err:
         if os.environ.get("TRAINWELL_DEBUG"):
             raise

@@ -54,25 +54,35 @@ class RunHistory:
 
 
 def find_state_file(path: str | os.PathLike[str]) -> Path:
-    """The ``trainer_state.json`` for ``path``: the file itself; ``path/trainer_state.json`` (a finished run
-    or a checkpoint); else that of the newest ``checkpoint-N`` inside ``path`` (a run still training).
+    """The ``trainer_state.json`` for ``path``: the file itself; else the newer (by ``global_step``) of
+    ``path/trainer_state.json`` (a finished run, or a checkpoint) and that of the newest ``checkpoint-N`` inside
+    ``path`` (a run still training, perhaps resumed after an earlier ``save_state()``); a tie goes to the first.
 
     Raises ``FileNotFoundError`` saying where it looked.
     """
     p = Path(path)
     if p.is_file():
         return p
-    if (p / STATE_FILE).is_file():
-        return p / STATE_FILE
+    found = [p / STATE_FILE] if (p / STATE_FILE).is_file() else []
     if p.is_dir():
         checkpoints = [(int(m.group(1)), c) for c in p.iterdir() if (m := _CHECKPOINT.match(c.name))]
-        for _, ckpt in sorted(checkpoints, key=lambda x: x[0], reverse=True):
-            if (ckpt / STATE_FILE).is_file():
-                return ckpt / STATE_FILE
+        newest = next((c / STATE_FILE for _, c in sorted(checkpoints, key=lambda x: x[0], reverse=True)
+                       if (c / STATE_FILE).is_file()), None)
+        if newest is not None:
+            found.append(newest)
+    if found:
+        return max(found, key=_global_step)  # max keeps the first of equal keys
     raise FileNotFoundError(
         f"no {STATE_FILE} in {os.fspath(path)!r} nor in a checkpoint-N folder inside it: pass a run's output_dir "
         "(after trainer.save_state() or at least one checkpoint), a checkpoint folder, or the file itself."
     )
+
+
+def _global_step(state_file: Path) -> int:
+    try:
+        return int(json.loads(state_file.read_text(encoding="utf-8")).get("global_step") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return -1  # unreadable: any readable state wins
 
 
 def expand_search_folders(paths: list[str]) -> list[str]:
