@@ -184,7 +184,7 @@ def _notes(rank: int, world: int, doing: str) -> tuple[list[int], dict[int, str]
 
 def _survivor_error(trainer: Any, err: BaseException) -> ProcessFailure:
     runtime = trainer.runtime
-    doing = describe(_names_from_traceback(err.__traceback__), trainer.state.global_step)
+    doing = describe_operation(err.__traceback__, trainer.state.global_step)
     notes = _notes(runtime.process_index, runtime.num_processes, doing)
     cause = f"the communication error was: {str(err).strip()[:300]}"
     return ProcessFailure(_message(trainer, notes, doing, cause))
