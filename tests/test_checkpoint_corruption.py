@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.common.hostile import Payload
 from tests.common.models import RegressionDataset, RegressionModel
 from tests.conftest import make_args
 
@@ -178,16 +179,6 @@ def test_a_folder_that_only_looks_like_a_checkpoint_is_not_picked(run_dir):
 
 
 # ------------------------------------------------------------------------------------------ hostile files
-class Payload:
-    """Unpickling this calls ``open(marker, "w")``: the marker file appears if the code runs."""
-
-    def __init__(self, marker: Path):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
 def _craft(path: Path, marker: Path, kind: str) -> None:
     if kind == "optimizer.pt":
         obj = {"state": {}, "param_groups": [{"params": [0, 1], "lr": Payload(marker)}]}

@@ -33,15 +33,18 @@ class Runs:
     def workdir(self, name: str) -> Path:
         return self.root / name
 
+    def launch(self, name: str, *flags: str, workdir: str | None = None) -> subprocess.CompletedProcess:
+        out = self.root / f"{name}.json"
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", SCRIPT, "--out", str(out),
+               "--workdir", str(self.workdir(workdir or name)), *flags]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
     def __call__(self, name: str, *flags: str, workdir: str | None = None) -> dict:
         if name not in self.results:
-            out = self.root / f"{name}.json"
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", SCRIPT, "--out", str(out),
-                   "--workdir", str(self.workdir(workdir or name)), *flags]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+            proc = self.launch(name, *flags, workdir=workdir)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
-            self.results[name] = json.loads(out.read_text())
+            self.results[name] = json.loads((self.root / f"{name}.json").read_text())
         return self.results[name]
 
 
@@ -125,6 +128,30 @@ def test_a_deepspeed_checkpoint_without_latest_is_incomplete(runs, tmp_path):
     assert incomplete_reason(copy) is None
     (copy / "latest").unlink()  # killed before DeepSpeed named the finished checkpoint
     assert incomplete_reason(copy) == "no model weights file"
+
+
+@pytest.mark.distributed
+def test_a_crafted_file_in_a_deepspeed_checkpoint_does_not_run(runs, tmp_path):
+    """DeepSpeed loads its files with weights_only=False; under trainwell a payload in one is refused, naming it."""
+    import shutil
+
+    from tests.common.hostile import Payload
+    from trainwell.backend.deepspeed import weights_only_loads
+
+    _zero2(runs)
+    copy = runs.workdir("crafted") / "checkpoint-3"
+    shutil.copytree(runs.workdir("zero2") / "checkpoint-3", copy)
+    target = copy / "global_step3" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    marker = tmp_path / "code-ran"
+    with weights_only_loads():
+        state = torch.load(target, map_location="cpu")
+    state["optimizer_state_dict"]["loss_scaler"] = Payload(marker)
+    torch.save(state, target)
+    proc = runs.launch("crafted-resumed", "--stage", "2", "--save-steps", "3", "--resume", str(copy),
+                       workdir="crafted")
+    assert proc.returncode != 0
+    assert f"Refusing to load {target}" in proc.stdout + proc.stderr
+    assert not marker.exists()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 needs a GPU: DeepSpeed has no fp16 on the CPU")

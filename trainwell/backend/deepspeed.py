@@ -15,9 +15,12 @@ micro-batch of a window, where DeepSpeed clips, steps and zeroes (see ``trainwel
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import pickle
+from collections.abc import Iterator
 from typing import Any
 
 # The config keys the reference fills from the arguments ("auto") and checks against them otherwise.
@@ -201,5 +204,64 @@ def save_checkpoint(engine: Any, directory: str) -> None:
 
 
 def load_checkpoint(engine: Any, directory: str) -> None:
-    engine.load_checkpoint(directory, load_module_strict=True, load_optimizer_states=True,
-                           load_lr_scheduler_states=True)
+    """DeepSpeed's checkpoint in ``directory`` into the engine: model, partitioned optimizer and its scheduler."""
+    with weights_only_loads():
+        engine.load_checkpoint(directory, load_module_strict=True, load_optimizer_states=True,
+                               load_lr_scheduler_states=True)
+
+
+def load_weights(engine: Any, directory: str) -> None:
+    """Only the model of DeepSpeed's checkpoint in ``directory`` (``load_best_model_at_end`` under ZeRO-3)."""
+    with weights_only_loads():
+        engine.load_checkpoint(directory, load_optimizer_states=False, load_lr_scheduler_states=False)
+
+
+# The classes DeepSpeed's checkpoints hold besides tensors and plain values (its optimizers' loss scaler, ZeRO
+# stage, and the fragment addresses of ZeRO-1/2): records with no behaviour on unpickling.
+_CHECKPOINT_CLASSES = ("deepspeed.runtime.fp16.loss_scaler:LossScaler",
+                       "deepspeed.runtime.fp16.loss_scaler:DynamicLossScaler",
+                       "deepspeed.runtime.zero.config:ZeroStageEnum",
+                       "deepspeed.utils.tensor_fragment:fragment_address")
+
+
+def _checkpoint_classes() -> list[type]:
+    import importlib
+
+    found = []
+    for entry in _CHECKPOINT_CLASSES:
+        module, _, name = entry.partition(":")
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):  # another DeepSpeed version: its files cannot hold the class either
+            continue
+    return found
+
+
+@contextlib.contextmanager
+def weights_only_loads() -> Iterator[None]:
+    """Every ``torch.load`` in the block reads ``weights_only`` (plus DeepSpeed's record classes).
+
+    DeepSpeed loads its checkpoints with ``weights_only=False``, so a crafted file in ``global_step{N}/`` would run
+    code on resume; within this block such a file is refused with an error naming it instead.
+    """
+    import torch
+
+    real, allowed = torch.load, _checkpoint_classes()
+
+    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        kwargs["weights_only"] = True
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return real(f, map_location, *args, **kwargs)
+        except pickle.UnpicklingError as err:
+            raise pickle.UnpicklingError(
+                f"Refusing to load {f}: it holds objects other than tensors, plain values and DeepSpeed's checkpoint "
+                "records, and unpickling them could run code from the file. Only load checkpoints you trust; to "
+                f"resume anyway, delete this checkpoint folder and resume from an earlier one. Details: {err}"
+            ) from err
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = real

@@ -334,7 +334,7 @@ def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
     """The checkpoint's weights (shards or full) into ``model`` (sharded by FSDP or not, a DeepSpeed engine)."""
     if has_deepspeed_state(checkpoint) and not _has_full_weights(checkpoint):
         if hasattr(model, "load_checkpoint"):  # a DeepSpeed engine (load_best_model_at_end under ZeRO-3)
-            model.load_checkpoint(checkpoint, load_optimizer_states=False, load_lr_scheduler_states=False)
+            ds.load_weights(model, checkpoint)
         return  # before the engine exists: it loads them with the optimizer (the OPTIMIZER phase)
     model = model_utils.unwrap(model)  # a compiled model's weights are its original module's
     if sharded.has_shards(checkpoint, sharded.MODEL_DIR):

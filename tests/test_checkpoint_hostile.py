@@ -1,0 +1,225 @@
+"""Hostile files in a checkpoint: nothing a resume opens runs code from it.
+
+Each file kind a resume can read has a crafted twin here (or in test_checkpoint_corruption.py for the plain
+``.pt``/``.pth`` files and ``trainer_state.json``), and each test first shows that the crafted file is live
+(an unrestricted load runs its code), so that the test can fail:
+
+* the sharded (DCP) folders ``pytorch_model_fsdp_0/`` and ``optimizer_0/``: a ``.metadata`` that names a function,
+  a data entry that does, and metadata pointing at a file outside its folder; a one-process run without FSDP
+  reads such folders too (a 2-process FSDP checkpoint resumes on one), so these are checked there;
+* DeepSpeed's ``global_step{N}/`` files, which DeepSpeed itself loads with ``weights_only=False``;
+* a scan of the package for loaders that could unpickle code, and a record of every file a resume opens.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import io
+import pickle
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.common.hostile import Payload
+from tests.common.models import RegressionDataset, RegressionModel
+from tests.conftest import ROOT, make_args
+
+
+def _trainer(out_dir, **kwargs):
+    from trainwell import Trainer
+
+    kwargs = {"per_device_train_batch_size": 4, "learning_rate": 0.1, "max_steps": 4, "save_strategy": "steps",
+              "save_steps": 1, **kwargs}
+    data = RegressionDataset(length=16)
+    return Trainer(model=RegressionModel(), args=make_args(out_dir, **kwargs), train_dataset=data)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hostile") / "out"
+    _trainer(str(out)).train()
+    return out
+
+
+@pytest.fixture
+def run_dir(finished_run, out_dir):
+    shutil.copytree(finished_run, out_dir)
+    return Path(out_dir)
+
+
+# ------------------------------------------------------------------------------------------------- DCP folders
+@pytest.mark.parametrize("folder", ["optimizer_0", "pytorch_model_fsdp_0"])
+@pytest.mark.parametrize("how", ["true", "path"])
+@pytest.mark.parametrize("beside", ["with-normal-files", "alone"])
+def test_a_crafted_dcp_metadata_does_not_run_on_resume(run_dir, tmp_path, folder, how, beside):
+    marker = tmp_path / "code-ran"
+    probe = tmp_path / "probe-ran"
+    pickle.loads(pickle.dumps(Payload(probe)))
+    assert probe.exists()  # the payload is live: an unrestricted unpickling runs it
+
+    checkpoint = run_dir / "checkpoint-4"
+    (checkpoint / folder).mkdir()
+    (checkpoint / folder / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    if beside == "alone":  # the sharded form stands in for the file it replaces
+        (checkpoint / ("optimizer.pt" if folder == "optimizer_0" else "model.safetensors")).unlink()
+    resume = True if how == "true" else str(checkpoint)
+    with pytest.raises(pickle.UnpicklingError) as err:
+        _trainer(str(run_dir), max_steps=5).train(resume_from_checkpoint=resume)
+    message = str(err.value)
+    assert str(checkpoint / folder / ".metadata") in message and re.search(r"names (io|builtins)\.open", message)
+    assert "could run code" in message
+    assert not marker.exists()
+
+
+def _sharded_optimizer(directory: Path, lr: object = 0.1):
+    from trainwell.checkpoint import sharded
+
+    model = RegressionModel()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(input_x=torch.ones(3), labels=torch.zeros(3))["loss"].backward()
+    optimizer.step()
+    optimizer.param_groups[0]["lr"] = lr
+    sharded.save_model_shards(model, directory)
+    sharded.save_optimizer_shards(model, optimizer, directory)
+    return model, optimizer
+
+
+def test_sharded_states_round_trip_in_one_process(tmp_path):
+    from trainwell.checkpoint import sharded
+
+    model, optimizer = _sharded_optimizer(tmp_path)
+    fresh = RegressionModel(a=5.0, b=-3.0)
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1.0)
+    sharded.load_model_shards(fresh, tmp_path)
+    sharded.load_optimizer_shards(fresh, fresh_optimizer, tmp_path)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), fresh.parameters()))
+    assert fresh_optimizer.param_groups[0]["lr"] == 0.1
+    saved, loaded = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
+    assert all(torch.equal(saved[i][k], loaded[i][k]) for i in saved for k in saved[i])
+
+
+def test_a_crafted_entry_in_dcp_data_does_not_run(tmp_path):
+    """The metadata is genuine, but a non-tensor entry (the learning rate) is a payload: torch's planner would
+    unpickle it with weights_only=False."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from trainwell.checkpoint import sharded
+
+    probe, marker = tmp_path / "probe-ran", tmp_path / "code-ran"
+    model, optimizer = _sharded_optimizer(tmp_path / "probe", lr=Payload(probe))
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, checkpoint_id=tmp_path / "probe" / sharded.OPTIMIZER_DIR)  # torch's own reader
+    assert probe.exists()
+
+    model, optimizer = _sharded_optimizer(tmp_path / "ckpt", lr=Payload(marker))
+    with pytest.raises(pickle.UnpicklingError, match="optimizer.param_groups.0.lr"):
+        sharded.load_optimizer_shards(model, torch.optim.AdamW(model.parameters()), tmp_path / "ckpt")
+    assert not marker.exists()
+
+
+def test_dcp_metadata_pointing_outside_its_folder_is_refused(tmp_path):
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    from trainwell.checkpoint import sharded
+
+    _sharded_optimizer(tmp_path)
+    meta_file = tmp_path / sharded.MODEL_DIR / sharded.METADATA
+    with open(meta_file, "rb") as fh:
+        metadata = pickle.load(fh)
+    key = next(iter(metadata.storage_data))
+    metadata.storage_data[key] = _StorageInfo("../../../etc/passwd", 0, 10)
+    meta_file.write_bytes(pickle.dumps(metadata))
+    with pytest.raises(pickle.UnpicklingError, match="outside its folder"):
+        sharded.load_model_shards(RegressionModel(), tmp_path)
+
+
+def test_damaged_dcp_metadata_is_named(tmp_path):
+    from trainwell.checkpoint import sharded
+
+    model, optimizer = _sharded_optimizer(tmp_path)
+    meta_file = tmp_path / sharded.OPTIMIZER_DIR / sharded.METADATA
+    meta_file.write_bytes(meta_file.read_bytes()[:40])
+    with pytest.raises(pickle.UnpicklingError, match="not a readable DCP metadata file"):
+        sharded.load_optimizer_shards(model, optimizer, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------- DeepSpeed
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
+def test_deepspeed_files_load_weights_only(tmp_path):
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    from trainwell.backend.deepspeed import weights_only_loads
+
+    marker = tmp_path / "code-ran"
+    genuine = {"loss_scaler": LossScaler(1.0), "dynamic": DynamicLossScaler(2.0**16, 2, 1.0, 2, True), "zero_stage":
+               ZeroStageEnum.gradients, "state": {"exp_avg": torch.ones(3)}}
+    torch.save(genuine, tmp_path / "genuine.pt")
+    torch.save({"optimizer_state_dict": {"loss_scaler": Payload(marker)}}, tmp_path / "crafted.pt")
+    real = torch.load
+    with weights_only_loads():
+        loaded = torch.load(tmp_path / "genuine.pt", map_location="cpu")
+        assert loaded["zero_stage"] is ZeroStageEnum.gradients
+        assert torch.equal(loaded["state"]["exp_avg"], torch.ones(3))
+        assert loaded["loss_scaler"].cur_scale == 1.0
+        with pytest.raises(pickle.UnpicklingError, match="crafted.pt"):
+            torch.load(tmp_path / "crafted.pt", map_location="cpu", weights_only=False)  # asked for, not given
+    assert not marker.exists()
+    assert torch.load is real
+    torch.load(tmp_path / "crafted.pt", weights_only=False)  # outside the block the file is live
+    assert marker.exists()
+
+
+# ------------------------------------------------------------------------------------------------- the package
+_ALLOWED_LOADERS = {
+    # file: the loads it may make, each of which reads weights_only or through a restricted unpickler
+    "trainwell/checkpoint/io.py": ["torch.load(path, map_location=map_location, weights_only=True)"],
+    "trainwell/checkpoint/sharded.py": ["torch.load(value, weights_only=True)", "dcp.load(state, storage_reader="],
+    "trainwell/checkpoint/contents.py": ["ds.load_checkpoint(trainer.model_wrapped, checkpoint)"],
+    "trainwell/backend/deepspeed.py": ["engine.load_checkpoint(directory, load_module_strict", "engine.load_checkpoint("
+                                       "directory, load_optimizer_states=False"],
+}
+_LOADER = re.compile(r"\b(torch\.load|pickle\.loads?|dcp\.load|\w+\.load_checkpoint|torch\.serialization\.load|"
+                     r"joblib\.load|dill\.load|cloudpickle\.load)\(")
+
+
+def test_no_loader_in_the_package_can_unpickle_code():
+    """Every load of a pickle in trainwell is one of the reviewed, restricted ones above."""
+    found = {}
+    for path in sorted(Path(ROOT, "trainwell").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if _LOADER.search(code) and not code.strip().startswith(("\"", "'", "``")) and "``" not in code:
+                found.setdefault(rel, []).append((number, code.strip()))
+    for rel, lines in found.items():
+        allowed = _ALLOWED_LOADERS.get(rel, [])
+        unreviewed = [(n, c) for n, c in lines if not any(c.startswith(a) or a in c for a in allowed)]
+        assert not unreviewed, f"{rel}: a load that may unpickle code: {unreviewed}"
+    assert "unpickler" in Path(ROOT, "trainwell/checkpoint/sharded.py").read_text().lower()
+
+
+def test_every_file_a_resume_opens_has_a_hostile_test(run_dir, monkeypatch):
+    """A resume opens these files and no others; each has a crafted twin in these tests."""
+    # model.safetensors: its header is read to check the length; the format holds a JSON header and raw bytes
+    covered = {"trainer_state.json", "training_args.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
+               "model.safetensors"}
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def recording_open(file, *args, **kwargs):
+        if isinstance(file, (str, Path)) and str(run_dir) in str(file):
+            opened.append(Path(file).name)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", recording_open)
+    monkeypatch.setattr(io, "open", recording_open)
+    trainer = _trainer(str(run_dir), max_steps=5, save_strategy="no")
+    trainer.train(resume_from_checkpoint=str(run_dir / "checkpoint-4"))
+    assert set(opened) <= covered, sorted(set(opened) - covered)
+    assert {"trainer_state.json", "optimizer.pt", "scheduler.pt", "rng_state.pth"} <= set(opened)
