@@ -10,7 +10,8 @@ machine), and the page cache is flushed (``os.sync``) before each run.
 
 Reported per configuration: the first save (trainwell allocates its host buffers there), the median of the later
 saves, the wall time of ``train()`` and of the same run without saves. The goal of the issue: a background save
-blocks the loop for at most 10% of the synchronous save's time. Nothing is asserted.
+blocks the loop for at most 10% of the synchronous save's time. ``sync, no manifest`` saves without checksums and
+without ``checkpoint_manifest.json``: its ratio to ``trainwell sync`` is the manifest's cost. Nothing is asserted.
 
     python benchmarks/async_save.py [--quick] [--steps 16] [--every 4] [--rounds 2] [--no-reference]
 
@@ -39,9 +40,21 @@ BATCH = 8
 CONFIGS = {  # name -> (implementation, save_async, saves)
     "no saves": ("trainwell", False, False),
     "trainwell sync": ("trainwell", False, True),
+    "sync, no manifest": ("trainwell", False, True),  # the checkpoint manifest's cost: no checksums, no manifest
     "trainwell async": ("trainwell", True, True),
     "transformers": ("transformers", False, True),
 }
+
+
+def _without_manifest() -> None:
+    """BENCHMARK ONLY: saves without checksums and without ``checkpoint_manifest.json``."""
+    from pathlib import Path
+
+    from trainwell.checkpoint import contents
+    from trainwell.utils import filehash
+
+    filehash.recording = lambda folder: filehash.Recording(Path(folder))  # never registered: nothing is hashed
+    contents._write_manifest = lambda folder, recorded: None
 
 
 def _classes(impl: str):
@@ -63,6 +76,8 @@ def _classes(impl: str):
 def child(config: str, width: int, depth: int, steps: int, every: int) -> dict:
     impl, background, saves = CONFIGS[config]
     Trainer, Args = _classes(impl)
+    if config == "sync, no manifest":
+        _without_manifest()
     extra = {"save_async": True} if background else {}
     with tempfile.TemporaryDirectory() as work:
         args = Args(output_dir=os.path.join(work, "run"), per_device_train_batch_size=BATCH, learning_rate=1e-5,
@@ -111,6 +126,9 @@ def report(results: dict[str, list[dict]], steps: int, every: int) -> None:
     if "trainwell async" in later and "trainwell sync" in later:
         share = later["trainwell async"] / later["trainwell sync"]
         print(f"async blocking / sync save: {share:.1%} (goal <= 10%) -> {'met' if share <= 0.10 else 'MISSED'}")
+    if "sync, no manifest" in later and "trainwell sync" in later:
+        ratio = later["trainwell sync"] / later["sync, no manifest"]
+        print(f"sync save with the manifest / without it: {ratio:.3f}x (the checksums and checkpoint_manifest.json)")
     if "transformers" in later and "trainwell async" in later:
         print(f"async blocking / transformers' save: {later['trainwell async'] / later['transformers']:.1%}")
     print("first save: trainwell's async save allocates its host buffers there (later saves reuse them).\n"

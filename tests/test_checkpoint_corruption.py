@@ -191,9 +191,11 @@ def _craft(path: Path, marker: Path, kind: str) -> None:
 
 @pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "rng_state.pth"])
 def test_a_crafted_pickle_in_a_checkpoint_does_not_run(run_dir, tmp_path, name):
+    """Without a manifest (as the reference writes them) the file is opened: weights_only refuses it."""
     marker = tmp_path / "code-ran"
     target = run_dir / "checkpoint-4" / name
     _craft(target, marker, name)
+    (run_dir / "checkpoint-4" / "checkpoint_manifest.json").unlink()
 
     # the file is live: an unrestricted load would run its code (so this test can fail)
     probe = tmp_path / "probe-ran"
@@ -212,6 +214,7 @@ def test_crafted_legacy_weights_do_not_run(run_dir, tmp_path):
     marker = tmp_path / "code-ran"
     folder = run_dir / "checkpoint-4"
     (folder / "model.safetensors").unlink()
+    (folder / "checkpoint_manifest.json").unlink()  # a reference checkpoint: it has none
     torch.save({"a": torch.tensor(1.0), "b": Payload(marker)}, folder / "pytorch_model.bin")
     with pytest.raises(pickle.UnpicklingError, match="pytorch_model.bin"):
         _trainer(str(run_dir)).train(resume_from_checkpoint=str(folder))
@@ -248,6 +251,7 @@ def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_run_resumable(tm
     real_save, calls = torch.save, []
 
     def fills_up(obj, path, *args, **kwargs):
+        path = getattr(path, "name", path)  # torch_save hands torch.save an open file
         calls.append(str(path))
         if "checkpoint-3" in str(path) and str(path).endswith("optimizer.pt"):
             raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 1318528 vs 1318416")

@@ -66,6 +66,7 @@ def test_a_crafted_dcp_metadata_does_not_run_on_resume(run_dir, tmp_path, folder
     (checkpoint / folder / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
     if beside == "alone":  # the sharded form stands in for the file it replaces
         (checkpoint / ("optimizer.pt" if folder == "optimizer_0" else "model.safetensors")).unlink()
+        (checkpoint / "checkpoint_manifest.json").unlink()  # which would miss model.safetensors
     resume = True if how == "true" else str(checkpoint)
     with pytest.raises(pickle.UnpicklingError) as err:
         _trainer(str(run_dir), max_steps=5).train(resume_from_checkpoint=resume)
@@ -208,7 +209,7 @@ def test_every_file_a_resume_opens_has_a_hostile_test(run_dir, monkeypatch):
     """A resume opens these files and no others; each has a crafted twin in these tests."""
     # model.safetensors: its header is read to check the length; the format holds a JSON header and raw bytes
     covered = {"trainer_state.json", "training_args.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
-               "model.safetensors"}
+               "model.safetensors", "checkpoint_manifest.json"}
     opened: list[str] = []
     real_open = builtins.open
 

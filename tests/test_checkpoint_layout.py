@@ -76,8 +76,9 @@ def test_checkpoint_files_match_the_reference_layout(out_dir):
     assert _steps(out_dir) == [3, 6]
     folder = Path(out_dir) / "checkpoint-3"
     names = sorted(os.listdir(folder))
+    # the reference's files, and trainwell's manifest of them (which the reference ignores)
     assert names == sorted(["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth",
-                            "trainer_state.json", "training_args.json"])
+                            "trainer_state.json", "training_args.json", "checkpoint_manifest.json"])
     assert not [n for n in os.listdir(out_dir) if n.startswith(".tmp")]
     saved_args = json.loads((folder / "training_args.json").read_text())  # JSON, never a pickle
     assert saved_args["save_steps"] == 3 and saved_args["output_dir"] == out_dir
@@ -96,7 +97,8 @@ def test_checkpoint_files_match_the_reference_layout(out_dir):
 def test_save_only_model_writes_no_training_state(out_dir, caplog):
     _trainer(out_dir, save_strategy="steps", save_steps=3, save_only_model=True).train()
     folder = Path(out_dir) / "checkpoint-3"
-    assert sorted(os.listdir(folder)) == ["model.safetensors", "trainer_state.json", "training_args.json"]
+    assert sorted(os.listdir(folder)) == ["checkpoint_manifest.json", "model.safetensors", "trainer_state.json",
+                                          "training_args.json"]
     from trainwell import get_last_checkpoint
 
     # still a complete checkpoint of its kind: resume picks it, and warns that the optimizer starts over

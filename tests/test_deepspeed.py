@@ -91,6 +91,12 @@ def test_zero_resumes_exactly_from_its_own_checkpoint(runs, stage):
     files = set(os.listdir(folder))
     assert {"latest", "global_step3", "scheduler.pt", "trainer_state.json", "rng_state_0.pth"} <= files
     assert ("model.safetensors" in files) == (stage == 2)  # ZeRO-3 keeps the model in DeepSpeed's partitions
+    from trainwell.checkpoint import manifest
+    from trainwell.checkpoint.resume import manifest_problem
+
+    listed = manifest.read(folder)  # every process's partitions are in the manifest, and match it
+    assert sorted(listed) == manifest.local_files(folder) and manifest_problem(folder) is None
+    assert "global_step3/zero_pp_rank_1_mp_rank_00_optim_states.pt" in listed
     resumed = runs(f"{name}-resumed", "--stage", str(stage), "--resume", str(folder), workdir=f"{name}-resumed")
     assert resumed["params"] == full["params"] and resumed["losses"] == full["losses"]
 
@@ -147,6 +153,7 @@ def test_a_crafted_file_in_a_deepspeed_checkpoint_does_not_run(runs, tmp_path):
         state = torch.load(target, map_location="cpu")
     state["optimizer_state_dict"]["loss_scaler"] = Payload(marker)
     torch.save(state, target)
+    (copy / "checkpoint_manifest.json").unlink()  # else the manifest refuses the changed file before it is read
     proc = runs.launch("crafted-resumed", "--stage", "2", "--save-steps", "3", "--resume", str(copy),
                        workdir="crafted")
     assert proc.returncode != 0
@@ -238,7 +245,7 @@ def test_sigterm_with_rotation_and_save_only_model_under_zero3(runs):
     workdir = runs.workdir("jit")
     assert sorted(p.name for p in workdir.glob("checkpoint-*")) == ["checkpoint-3"]
     files = sorted(p.name for p in (workdir / "checkpoint-3").iterdir())
-    assert files == ["model.safetensors", "trainer_state.json", "training_args.json"]
+    assert files == ["checkpoint_manifest.json", "model.safetensors", "trainer_state.json", "training_args.json"]
     saved, final = load_file(str(workdir / "checkpoint-3" / "model.safetensors")), load_file(
         str(workdir / "final" / "model.safetensors"))
     assert saved.keys() == final.keys() and all(torch.equal(saved[k], final[k]) for k in saved)

@@ -59,10 +59,16 @@ def test_sharded_checkpoint_layout(runs):
     _two_ranks(runs)
     folder = runs.workdir("fsdp2") / "checkpoint-3"
     names = sorted(os.listdir(folder))
-    assert names == ["optimizer_0", "pytorch_model_fsdp_0", "rng_state_0.pth", "rng_state_1.pth", "scheduler.pt",
-                     "trainer_state.json", "training_args.json"]
+    assert names == ["checkpoint_manifest.json", "optimizer_0", "pytorch_model_fsdp_0", "rng_state_0.pth",
+                     "rng_state_1.pth", "scheduler.pt", "trainer_state.json", "training_args.json"]
     for shards in ("optimizer_0", "pytorch_model_fsdp_0"):  # one file per process, and the metadata written last
         assert sorted(os.listdir(folder / shards)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    # the manifest covers every process's files, shards included, and they match it
+    from trainwell.checkpoint import manifest
+    from trainwell.checkpoint.resume import manifest_problem
+
+    assert sorted(manifest.read(folder)) == manifest.local_files(folder)
+    assert "optimizer_0/__1_0.distcp" in manifest.read(folder) and manifest_problem(folder) is None
 
 
 def test_resume_at_the_same_world_size_is_exact(runs):

@@ -172,7 +172,8 @@ def make(**kwargs) -> TrainingArguments:
 # --- the field list ---------------------------------------------------------------------------------------
 
 
-TRAINWELL_FIELDS: list[tuple[str, object]] = [("save_async", False)]  # after the reference's, trainwell's own
+# after the reference's, trainwell's own
+TRAINWELL_FIELDS: list[tuple[str, object]] = [("save_async", False), ("verify_checkpoint_checksums", True)]
 
 
 def test_field_names_and_defaults_match_transformers_5_23():
@@ -943,6 +944,8 @@ def test_trainwell_fields_reach_the_dict_only_when_set_and_round_trip(tmp_path):
     assert args.to_dict()["save_async"] is True
     assert TrainingArguments.from_dict(args.to_dict()).save_async is True
     assert "save_async" not in make().to_dict()
+    assert "verify_checkpoint_checksums" not in make().to_dict()  # written only when it differs from the default
+    assert make(verify_checkpoint_checksums=False).to_dict()["verify_checkpoint_checksums"] is False
 
 
 def test_to_dict_copies_containers():

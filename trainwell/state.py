@@ -156,8 +156,9 @@ class TrainerState:
     def load_from_json(cls, json_path: str | os.PathLike[str]) -> TrainerState:
         """Read a state written by ``save_to_json`` (or by the reference Trainer).
 
-        Raises ValueError naming the file when it is not a JSON object or lacks one of ``epoch``,
-        ``global_step``, ``max_steps``, ``log_history``. Fields added by newer versions of the reference are
+        Raises ValueError naming the file when it is not a JSON object, lacks one of ``epoch``,
+        ``global_step``, ``max_steps``, ``log_history``, or holds a field of the wrong kind or range
+        (:func:`state_problems`). Fields added by newer versions of the reference are
         ignored with a warning; fields missing from older files take their defaults.
         """
         with open(json_path, encoding="utf-8") as f:
@@ -176,6 +177,12 @@ class TrainerState:
             raise ValueError(
                 f"{os.fspath(json_path)} is not a trainer state: it lacks {', '.join(missing)}; resume from a "
                 "checkpoint folder written by Trainer"
+            )
+        problems = state_problems(data)
+        if problems:
+            raise ValueError(
+                f"{os.fspath(json_path)} is damaged: {problems[0]}. Resume from another checkpoint (or correct the "
+                "field by hand)."
             )
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
@@ -210,6 +217,55 @@ class TrainerState:
         self.num_train_epochs = num_train_epochs
         self.is_local_process_zero = bool(trainer.is_local_process_zero())
         self.is_world_process_zero = bool(trainer.is_world_process_zero())
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# field -> (is the value acceptable, what it must be); None is accepted only where the dataclass allows it
+_FIELD_RULES: dict[str, tuple[Any, str]] = {
+    "epoch": (lambda v: _number(v) and v >= 0, "a number >= 0"),
+    "global_step": (lambda v: _whole(v) and v >= 0, "a whole number >= 0"),
+    "max_steps": (lambda v: _whole(v) and v >= 0, "a whole number >= 0"),
+    "logging_steps": (lambda v: _number(v) and v > 0, "a number > 0"),
+    "eval_steps": (lambda v: _number(v) and v > 0, "a number > 0"),
+    "save_steps": (lambda v: _number(v) and v > 0, "a number > 0"),
+    "train_batch_size": (lambda v: v is None or (_whole(v) and v > 0), "a whole number > 0 or null"),
+    "num_train_epochs": (lambda v: _number(v) and v >= 0, "a number >= 0"),
+    "num_input_tokens_seen": (lambda v: _number(v) and v >= 0, "a number >= 0"),
+    "total_flos": (lambda v: _number(v) and v >= 0, "a number >= 0"),
+    "log_history": (lambda v: isinstance(v, list) and all(isinstance(e, dict) for e in v), "a list of objects"),
+    "best_metric": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+                    "a number or null"),
+    "best_global_step": (lambda v: v is None or (_whole(v) and v >= 0), "a whole number >= 0 or null"),
+    "best_model_checkpoint": (lambda v: v is None or isinstance(v, str), "a path or null"),
+    "is_local_process_zero": (lambda v: isinstance(v, bool), "true or false"),
+    "is_world_process_zero": (lambda v: isinstance(v, bool), "true or false"),
+    "is_hyper_param_search": (lambda v: isinstance(v, bool), "true or false"),
+    "trial_name": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "trial_params": (lambda v: v is None or isinstance(v, dict), "an object or null"),
+    "stateful_callbacks": (lambda v: v is None or isinstance(v, dict), "an object or null"),
+}
+
+
+def state_problems(data: dict[str, Any]) -> list[str]:
+    """What is wrong with the fields of a ``trainer_state.json`` object, each as ``"field=value is not ..."``
+    (an empty list when every field read on resume has its kind and range, and ``global_step`` does not pass
+    ``max_steps``). Absent fields are not checked here (older files lack some)."""
+    problems = []
+    for name, (ok, kind) in _FIELD_RULES.items():
+        if name in data and not ok(data[name]):
+            shown = repr(data[name])
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            problems.append(f"{name}={shown} is not {kind}")
+    if not problems and data.get("max_steps") and data.get("global_step", 0) > data["max_steps"]:
+        problems.append(f"global_step={data['global_step']} is past the run's max_steps={data['max_steps']}")
+    return problems
 
 
 def trial_params(trial: Any) -> dict[str, Any]:

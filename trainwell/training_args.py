@@ -55,7 +55,7 @@ LOG_LEVELS: dict[str, int] = {
 
 
 #: trainwell's own fields (after the reference's); ``to_dict`` writes them only when set
-TRAINWELL_ONLY = frozenset({"save_async"})
+TRAINWELL_ONLY = frozenset({"save_async", "verify_checkpoint_checksums"})
 
 
 def _arg(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None, **meta: Any) -> Any:
@@ -300,6 +300,9 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
     # --- trainwell's own (after the reference's fields; not in transformers) ---
     save_async: bool = _arg(False, "trainwell: write checkpoints in the background; training waits only for a "
                             "host copy of the weights and optimizer state (see docs/checkpoints.md).")
+    verify_checkpoint_checksums: bool = _arg(True, "trainwell: on resume, compare every checkpoint file with the "
+                                             "checksum its manifest recorded (reads each file once); False "
+                                             "compares only their sizes (very large sharded checkpoints).")
 
     def __post_init__(self) -> None:
         normalize.normalize_args(self, AcceleratorConfig)

@@ -23,6 +23,8 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
+from trainwell.utils import filehash
+
 # The config keys the reference fills from the arguments ("auto") and checks against them otherwise.
 _HIDDEN_SIZE_KEYS = ("zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
                      "zero_optimization.stage3_param_persistence_threshold")
@@ -199,8 +201,33 @@ def full_state_dict(engine: Any) -> dict[str, Any]:
 
 
 def save_checkpoint(engine: Any, directory: str) -> None:
-    """DeepSpeed's checkpoint of the engine (model, partitioned optimizer, its scheduler) into ``directory``."""
-    engine.save_checkpoint(directory)
+    """DeepSpeed's checkpoint of the engine (model, partitioned optimizer, its scheduler) into ``directory``.
+
+    Each process's files are checksummed as DeepSpeed writes them (its ``torch.save`` calls go through
+    ``trainwell.utils.filehash``), for the checkpoint's manifest.
+    """
+    with hashed_saves():
+        engine.save_checkpoint(directory)
+
+
+@contextlib.contextmanager
+def hashed_saves() -> Iterator[None]:
+    """Every ``torch.save`` to a path in the block writes through ``filehash.open_for_write``."""
+    import torch
+
+    real = torch.save
+
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(f, (str, os.PathLike)):
+            return real(obj, f, *args, **kwargs)
+        with filehash.open_for_write(f) as fh:
+            real(obj, fh, *args, **kwargs)
+
+    torch.save = save
+    try:
+        yield
+    finally:
+        torch.save = real
 
 
 def load_checkpoint(engine: Any, directory: str) -> None:

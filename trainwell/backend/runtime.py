@@ -266,6 +266,16 @@ class Runtime:
             return data
         return self.accelerator.pad_across_processes(data, dim=dim, pad_index=pad_index)
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every process's ``obj`` (picklable plain data), in process order; ``[obj]`` in a single process."""
+        if not self.distributed:
+            return [obj]
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.num_processes
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
     def wait_for_everyone(self) -> None:
         if self.distributed:
             self.accelerator.wait_for_everyone()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwell.backend import deepspeed as ds
-from trainwell.checkpoint import sharded
+from trainwell.checkpoint import manifest, sharded
 from trainwell.checkpoint.io import (
     AtomicDirectory,
     load_model_weights,
@@ -53,8 +54,13 @@ from trainwell.checkpoint.layout import (
     per_rank_name,
     rotate_checkpoints,
 )
-from trainwell.checkpoint.optimizer_state import align_optimizer_state, align_scheduler_state
+from trainwell.checkpoint.optimizer_state import (
+    align_optimizer_state,
+    align_scheduler_state,
+    check_optimizer_state,
+)
 from trainwell.checkpoint.rng import get_rng_state, load_rng_file, set_rng_state
+from trainwell.utils import filehash
 from trainwell.utils import model as model_utils
 
 if TYPE_CHECKING:
@@ -157,23 +163,35 @@ def save_checkpoint(trainer: TrainerHooks, run_dir: str) -> Path:
         atomic.create()
     runtime.wait_for_everyone()
     tmp = str(atomic.tmp)
-    heavy = _stage_in_background(trainer, tmp) if background is not None else _write_pieces(trainer, tmp)
-    # Every process: load_best_model_at_end reloads the best weights on all of them (under FSDP, together).
-    _update_best_checkpoint(trainer, run_dir)
-    if args.should_save:
-        state.record_callback_states(trainer.callback_handler.callbacks + [trainer.control])
-        with writing(os.path.join(tmp, TRAINER_STATE_NAME)):
-            state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
-    runtime.wait_for_everyone()  # every rank's files are in the temporary folder
-    if args.should_save:
+    recorder = filehash.recording(tmp)  # the files this process writes are checksummed as they are written
+    try:
+        heavy = _stage_in_background(trainer, tmp) if background is not None else _write_pieces(trainer, tmp)
+        # Every process: load_best_model_at_end reloads the best weights on all of them (under FSDP, together).
+        _update_best_checkpoint(trainer, run_dir)
+        if args.should_save:
+            state.record_callback_states(trainer.callback_handler.callbacks + [trainer.control])
+            with writing(os.path.join(tmp, TRAINER_STATE_NAME)):
+                state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
+        # Also the barrier after which every rank's files are in the temporary folder.
+        recorded = runtime.all_gather_object(recorder.snapshot())
+    except BaseException:
+        recorder.stop()
+        raise
+    if not args.should_save:
+        recorder.stop()
+    else:
         # The folder just written is protected too: after resuming from an older checkpoint, a higher-numbered
         # one left by the earlier run would otherwise count as "the newest" and this one be deleted.
         resumed = run.resume.path if run is not None and run.resume is not None else None
         protected = (state.best_model_checkpoint, resumed, final)
 
         def finish() -> None:
-            if heavy is not None:
-                heavy()
+            try:
+                if heavy is not None:
+                    heavy()
+                _write_manifest(tmp, [*recorded, recorder.snapshot()])
+            finally:
+                recorder.stop()
             atomic.publish()
             rotate_checkpoints(run_dir, args.save_total_limit, protected=protected)
 
@@ -185,14 +203,21 @@ def save_checkpoint(trainer: TrainerHooks, run_dir: str) -> Path:
     return final
 
 
+def _write_manifest(folder: str, recorded: list[dict[str, Any]]) -> None:
+    with writing(os.path.join(folder, manifest.MANIFEST_NAME)):
+        manifest.write(folder, manifest.build(folder, recorded))
+
+
 def write_checkpoint_into(trainer: TrainerHooks, folder: str) -> None:
     """A complete checkpoint written straight into ``folder``, without publishing, rotation or best-model
     bookkeeping: a copy handed to another tool (Ray Tune's trial checkpoints)."""
     os.makedirs(folder, exist_ok=True)
-    _write_pieces(trainer, folder)
-    if trainer.args.should_save:
-        trainer.state.record_callback_states(trainer.callback_handler.callbacks + [trainer.control])
-        trainer.state.save_to_json(os.path.join(folder, TRAINER_STATE_NAME))
+    with filehash.recording(folder) as recorder:
+        _write_pieces(trainer, folder)
+        if trainer.args.should_save:
+            trainer.state.record_callback_states(trainer.callback_handler.callbacks + [trainer.control])
+            trainer.state.save_to_json(os.path.join(folder, TRAINER_STATE_NAME))
+            _write_manifest(folder, [recorder.snapshot()])
 
 
 def _write_pieces(trainer: TrainerHooks, tmp: str) -> None:
@@ -271,12 +296,19 @@ def save_model_files(
 ) -> None:
     """The model (safetensors, or ``save_pretrained``), the processing class and ``training_args.json``."""
     os.makedirs(output_dir, exist_ok=True)
+    before = set(os.listdir(output_dir))
     if weights:
         save_model_weights(model_utils.unwrap(trainer.model), output_dir, state_dict=state_dict)
     processing = trainer.processing_class or getattr(trainer.data_collator, "tokenizer", None)
     if processing is not None and hasattr(processing, "save_pretrained"):
         processing.save_pretrained(output_dir)
     write_json(trainer.args.to_dict(), os.path.join(output_dir, TRAINING_ARGS_NAME))
+    recorder = filehash.recording_for(os.path.join(output_dir, TRAINING_ARGS_NAME))
+    if recorder is not None and trainer.runtime.num_processes == 1:
+        # A checkpoint's model files (written by safetensors or save_pretrained, not through trainwell's writers)
+        # are read back for the manifest while the optimizer is written. Alone here: no other process writes.
+        written = sorted(set(os.listdir(output_dir)) - before)
+        recorder.hash_soon([Path(output_dir) / n for n in written if os.path.isfile(os.path.join(output_dir, n))])
 
 
 def save_optimizer_and_scheduler(trainer: TrainerHooks, directory: str) -> None:
@@ -380,7 +412,10 @@ def load_optimizer_and_scheduler(trainer: TrainerHooks, checkpoint: str) -> None
     else:
         saved = safe_torch_load(optimizer_file, map_location=trainer.runtime.device)
         inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-        aligned, group_map = align_optimizer_state(saved, inner, model_utils.unwrap(trainer.model))
+        model = model_utils.unwrap(trainer.model)
+        aligned, group_map = align_optimizer_state(saved, inner, model)
+        names = {id(p): n for n, p in model.named_parameters()}
+        check_optimizer_state(aligned, inner, names, str(optimizer_file), _saved_argument(checkpoint, "optim"))
         trainer.optimizer.load_state_dict(aligned)
         saved_groups = len(saved["param_groups"])
     if scheduler_file.is_file():
@@ -388,6 +423,15 @@ def load_optimizer_and_scheduler(trainer: TrainerHooks, checkpoint: str) -> None
         if isinstance(scheduler_state, dict):
             scheduler_state = align_scheduler_state(scheduler_state, group_map, saved_groups)
         trainer.lr_scheduler.load_state_dict(scheduler_state)
+
+
+def _saved_argument(checkpoint: str, name: str) -> Any:
+    """One value of the ``training_args.json`` of the run that wrote ``checkpoint`` (None when unknown)."""
+    try:
+        saved = json.loads((Path(checkpoint) / TRAINING_ARGS_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return saved.get(name) if isinstance(saved, dict) else None
 
 
 def load_scaler(trainer: TrainerHooks, checkpoint: str) -> None:

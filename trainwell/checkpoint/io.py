@@ -27,6 +27,7 @@ from trainwell.checkpoint.layout import (
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
 )
+from trainwell.utils.filehash import open_for_write
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +85,9 @@ def writing(path: str | os.PathLike) -> Iterator[None]:
 
 
 def torch_save(obj: Any, path: str | os.PathLike) -> None:
-    with writing(path):
-        torch.save(obj, path)
-        fsync_file(path)
+    """``torch.save`` into ``path``, fsynced; checksummed as written when a manifest records its folder."""
+    with writing(path), open_for_write(path) as fh:
+        torch.save(obj, fh)
 
 
 def write_json(obj: Any, path: str | os.PathLike) -> None:

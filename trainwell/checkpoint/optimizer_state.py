@@ -138,3 +138,67 @@ def _mismatch(saved: dict[str, Any], current: list[dict[str, Any]], why: str) ->
         f"{_group_sizes(saved['param_groups'])}, the optimizer's {_group_sizes(current)} ({why}). Resume with "
         "the same model and optimizer settings, or delete optimizer.pt to restart the optimizer from scratch."
     )
+
+
+# State entries that torch's optimizers keep per parameter, in the parameter's shape (Adam, AdamW, NAdam, RAdam,
+# Adamax, SGD, RMSprop, Adagrad, Adadelta, Rprop, ASGD): each must match its parameter exactly.
+_PARAMETER_SHAPED = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg",
+                               "grad_avg", "acc_delta", "sum", "exp_inf", "prev", "step_size", "ax"})
+# Group entries that say nothing about the optimizer's kind (bookkeeping, or defaults torch fills in on load).
+_BOOKKEEPING = frozenset({"params", "param_names", "initial_lr", "foreach", "maximize", "capturable",
+                          "differentiable", "fused", "decoupled_weight_decay"})
+
+
+def check_optimizer_state(saved: dict[str, Any], optimizer: torch.optim.Optimizer, names: dict[int, str],
+                          file: str, saved_optim: str | None = None) -> None:
+    """Refuse an optimizer state (already in ``optimizer``'s group layout) that does not fit the optimizer.
+
+    Checked before anything is loaded, so no mismatched state reaches a (fused) kernel: the groups hold this
+    optimizer's hyperparameters (not another kind's: AdamW's state under SGD), every state entry belongs to a
+    parameter, and every per-parameter tensor has its parameter's shape (the moments of torch's optimizers) and a
+    floating kind where its parameter has one. ``names`` maps ``id(parameter)`` to its name, for the message.
+    Raises ValueError naming ``file``, the first parameter that differs, and the fix.
+    """
+    fix = f"Resume with the model and optimizer that wrote it, or delete {file} to start the optimizer from scratch."
+    _check_kind(saved, optimizer, file, saved_optim, fix)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, entries in saved.get("state", {}).items():
+        if not isinstance(index, int) or not 0 <= index < len(params):
+            raise ValueError(f"{file} holds a state for parameter #{index}, but the optimizer has {len(params)} "
+                             f"parameters. {fix}")
+        param = params[index]
+        name = names.get(id(param), f"#{index}")
+        for key, value in (entries or {}).items():
+            problem = _entry_problem(key, value, param)
+            if problem is not None:
+                raise ValueError(f"{file} does not fit the model: the state of parameter {name} "
+                                 f"{tuple(param.shape)} {str(param.dtype).replace('torch.', '')} has {problem}. {fix}")
+
+
+def _check_kind(saved: dict[str, Any], optimizer: torch.optim.Optimizer, file: str, saved_optim: str | None,
+                fix: str) -> None:
+    saved_keys = {k for g in saved.get("param_groups", []) for k in g} - _BOOKKEEPING
+    current_keys = {k for g in optimizer.param_groups for k in g} - _BOOKKEEPING
+    missing, extra = sorted(current_keys - saved_keys), sorted(saved_keys - current_keys)
+    state_keys = sorted({k for entries in saved.get("state", {}).values() for k in (entries or {})} - {"step"})
+    if missing and extra:  # version skew adds or drops a setting; another optimizer does both
+        written = f" (its run used optim={saved_optim!r})" if saved_optim else ""
+        raise ValueError(
+            f"{file} was written by another kind of optimizer{written}: its state holds {state_keys or extra} and "
+            f"its groups {extra}, while {type(optimizer).__name__} needs {missing}. Pass the optim of the run that "
+            f"wrote the checkpoint, or delete {file} to start the new optimizer from scratch."
+        )
+
+
+def _entry_problem(key: str, value: Any, param: torch.Tensor) -> str | None:
+    if not isinstance(value, torch.Tensor) or key == "step" or value.dim() == 0:
+        return None
+    shape = tuple(value.shape)
+    if key in _PARAMETER_SHAPED:
+        if value.shape != param.shape:
+            return f"{key} of shape {shape}"
+        if param.is_floating_point() and not (value.is_floating_point() or value.is_complex()):
+            return f"{key} of kind {str(value.dtype).replace('torch.', '')}"
+    elif value.dim() == param.dim() and value.numel() == param.numel() and value.shape != param.shape:
+        return f"{key} of shape {shape}"  # another optimizer's per-parameter state, laid out for another shape
+    return None

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainwell.checkpoint import manifest
 from trainwell.checkpoint.contents import CONTENTS, Phase, load_data_position, saved_rng
 from trainwell.checkpoint.layout import (
     LEGACY_WEIGHTS_NAME,
@@ -29,9 +30,10 @@ from trainwell.checkpoint.layout import (
     TRAINING_ARGS_NAME,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
+    checkpoint_step,
     list_checkpoints,
 )
-from trainwell.state import TrainerState
+from trainwell.state import TrainerState, state_problems
 
 if TYPE_CHECKING:
     from trainwell.hooks import TrainerHooks
@@ -53,18 +55,21 @@ class Resume:
     windows_done: int = 0
 
     @classmethod
-    def find(cls, resume_from_checkpoint: str | bool | None, output_dir: str) -> Resume | None:
+    def find(cls, resume_from_checkpoint: str | bool | None, output_dir: str, checksums: bool = True
+             ) -> Resume | None:
         """The resume of ``train(resume_from_checkpoint=...)``: None to train from scratch.
 
-        ``True`` picks the newest complete checkpoint of ``output_dir`` (incomplete ones are skipped with a
-        warning), else the newest one that can be resumed at all. A checkpoint that lacks training-state pieces
-        (the optimizer, the scheduler, the RNG states) resumes with a warning saying what will not be exact;
-        one without usable weights or state raises ValueError naming the problem.
+        ``True`` picks the newest complete checkpoint of ``output_dir`` whose files match its manifest
+        (incomplete or damaged ones are skipped with a warning naming the file), else the newest one that can be
+        resumed at all. A checkpoint that lacks training-state pieces (the optimizer, the scheduler, the RNG
+        states) resumes with a warning saying what will not be exact; a named checkpoint without usable weights
+        or state, or whose files differ from its manifest, raises ValueError naming the problem. ``checksums``
+        False compares only the sizes of the files with the manifest (no file is read).
         """
         if resume_from_checkpoint is None or resume_from_checkpoint is False:
             return None
         if resume_from_checkpoint is True:
-            path = get_last_checkpoint(output_dir) or last_usable_checkpoint(output_dir)
+            path = newest_resumable(output_dir, checksums)
             if path is None:
                 raise ValueError(
                     f"resume_from_checkpoint=True but no complete checkpoint was found in output_dir ({output_dir}). "
@@ -73,6 +78,8 @@ class Resume:
         else:
             path = str(resume_from_checkpoint)
             reason = unusable_reason(path) if os.path.isdir(path) else "it is not a folder"
+            if reason is None and checksums:
+                reason = manifest_problem(path)
             if reason is not None:
                 raise ValueError(f"Can't resume from {path}: {reason}.")
         missing = _missing_training_state(Path(path))
@@ -93,12 +100,19 @@ class Resume:
     def restore_state(self, hooks: TrainerHooks, plan: StepPlan) -> TrainerState:
         """The checkpoint's ``TrainerState``; sets ``epoch`` and ``windows_done`` (where the data stands).
 
-        The step count carries over as it is. The data position is ``global_step`` windows of *this* run's global
+        The step count carries over as it is (a checkpoint past this run's ``max_steps`` is a ValueError naming
+        the fix). The data position is ``global_step`` windows of *this* run's global
         batch, so a resume with another world size continues the data exactly when the global batch is kept
         (e.g. 2 processes x 4 -> 1 x 8); otherwise a warning says so.
         """
         args, updates_per_epoch, sized = hooks.args, plan.updates_per_epoch, plan.sized
         state = TrainerState.load_from_json(os.path.join(self.path, TRAINER_STATE_NAME))
+        if state.global_step > plan.max_steps:
+            raise ValueError(
+                f"Can't resume from {self.path}: it is at step {state.global_step}, past this run's {plan.max_steps} "
+                f"steps. To train further, pass max_steps (or num_train_epochs) beyond {state.global_step}; to end "
+                "earlier, resume from an earlier checkpoint."
+            )
         best = state.best_model_checkpoint
         if best is not None and not os.path.isdir(best):
             logger.warning("The best checkpoint %s recorded in the resumed state no longer exists.", best)
@@ -187,8 +201,9 @@ def unusable_reason(path: str | os.PathLike) -> str | None:
     """Why ``path`` cannot be resumed from at all, or ``None``.
 
     Cheap checks only (no tensor is read, no pickle is opened): the trainer state parses as a JSON object,
-    some model weights exist, every safetensors file is as long as its header says, and every ``.pt``/``.pth``
-    file (optimizer, scheduler, RNG states) is a whole zip archive (a truncated one has no end record). A
+    some model weights exist, every safetensors file is as long as its header says, every ``.pt``/``.pth``
+    file (optimizer, scheduler, RNG states) is a whole zip archive (a truncated one has no end record), and every
+    file the checkpoint's manifest lists exists with its recorded size. A
     checkpoint that passes but lacks training-state pieces resumes with a warning saying what is not exact.
     """
     path = Path(path)
@@ -196,10 +211,18 @@ def unusable_reason(path: str | os.PathLike) -> str | None:
     if not state_file.is_file():
         return f"{TRAINER_STATE_NAME} is missing"
     try:
-        if not isinstance(json.loads(state_file.read_text()), dict):
-            return f"{TRAINER_STATE_NAME} is not a JSON object"
+        state = json.loads(state_file.read_text())
     except (OSError, ValueError) as err:
         return f"{TRAINER_STATE_NAME} is not valid JSON ({err})"
+    if not isinstance(state, dict):
+        return f"{TRAINER_STATE_NAME} is not a JSON object"
+    problems = state_problems(state)
+    if problems:
+        return f"{TRAINER_STATE_NAME} is damaged: {problems[0]}"
+    step = checkpoint_step(path)
+    if step is not None and "global_step" in state and state["global_step"] != step:
+        return (f"{TRAINER_STATE_NAME} says global_step={state['global_step']}, but the folder is the checkpoint of "
+                f"step {step} (an edited or copied state)")
     weights = [path / WEIGHTS_NAME, path / WEIGHTS_INDEX_NAME, path / LEGACY_WEIGHTS_NAME]
     weights += [path / p.file for p in CONTENTS if "model" in p.replaces]  # the sharded forms
     if not any(w.is_file() for w in weights):
@@ -211,7 +234,30 @@ def unusable_reason(path: str | os.PathLike) -> str | None:
     for file in sorted([*path.glob("*.pt"), *path.glob("*.pth"), *path.glob(LEGACY_WEIGHTS_NAME)]):
         if not zipfile.is_zipfile(file):
             return f"{file.name} is truncated or not a torch file"
-    return None
+    return manifest_problem(path, checksums=False)  # sizes only: nothing is read
+
+
+def manifest_problem(path: str | os.PathLike, checksums: bool = True) -> str | None:
+    """How checkpoint ``path`` differs from its manifest (``trainwell.checkpoint.manifest``), or None.
+
+    A training-state piece that is gone entirely (``optimizer.pt`` deleted to restart the optimizer) is not a
+    difference: the completeness checks warn about it (:func:`warn_partial`); a piece that is there must match.
+    """
+    path = Path(path)
+    return manifest.problem(path, checksums, lambda name: _optional_piece(path, name))
+
+
+def _optional_piece(path: Path, name: str) -> bool:
+    top = name.split("/", 1)[0]
+    if (path / top).exists():
+        return False
+    for piece in CONTENTS:
+        if piece.training_state and not {"model"} & set(piece.replaces):
+            entry = piece.file.split("/", 1)[0]
+            stem, _, suffix = entry.rpartition(".")
+            if top == entry or (piece.per_rank and top.startswith(f"{stem}_") and top.endswith(f".{suffix}")):
+                return True
+    return False
 
 
 def warn_partial(path: str | os.PathLike, missing: str) -> None:
@@ -274,6 +320,24 @@ def get_last_checkpoint(folder: str | os.PathLike) -> str | None:
             return str(path)
         logger.warning("Skipping incomplete checkpoint %s: %s", path, reason)
     return None
+
+
+def newest_resumable(folder: str | os.PathLike, checksums: bool = True) -> str | None:
+    """The checkpoint ``resume_from_checkpoint=True`` resumes: the newest complete one whose files match its
+    manifest, else the newest usable one (partial: some training state missing). Each checkpoint passed over is
+    named in a warning with the reason."""
+    fallback = None
+    for path in reversed(list_checkpoints(folder)):
+        reason = unusable_reason(path) or (manifest_problem(path) if checksums else None)
+        if reason is not None:
+            logger.warning("Skipping damaged checkpoint %s: %s", path, reason)
+            continue
+        missing = _missing_training_state(path)
+        if missing is None:
+            return str(path)
+        logger.warning("Skipping incomplete checkpoint %s: %s", path, missing)
+        fallback = fallback or str(path)
+    return fallback
 
 
 def last_usable_checkpoint(folder: str | os.PathLike) -> str | None:

@@ -24,6 +24,7 @@ import dataclasses
 import enum
 import functools
 import io
+import os
 import pathlib
 import pickle
 import warnings
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from trainwell.utils import filehash
 
 MODEL_DIR = "pytorch_model_fsdp_0"
 OPTIMIZER_DIR = "optimizer_0"
@@ -67,21 +70,18 @@ def _quiet() -> Iterator[None]:
 
 def save_model_shards(model: torch.nn.Module, directory: str | Path) -> None:
     """Every process writes its shards of ``model`` (a collective call)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     with _quiet():
-        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=Path(directory) / MODEL_DIR)
+        _save({"model": get_model_state_dict(model)}, Path(directory) / MODEL_DIR)
 
 
 def save_optimizer_shards(model: torch.nn.Module, optimizer: Any, directory: str | Path) -> None:
     """Every process writes its shards of the optimizer state of ``model`` (a collective call)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     with _quiet():
-        state = get_optimizer_state_dict(model, _inner(optimizer))
-        dcp.save({"optimizer": state}, checkpoint_id=Path(directory) / OPTIMIZER_DIR)
+        _save({"optimizer": get_optimizer_state_dict(model, _inner(optimizer))}, Path(directory) / OPTIMIZER_DIR)
 
 
 def load_model_shards(model: torch.nn.Module, directory: str | Path) -> None:
@@ -124,12 +124,18 @@ def _inner(optimizer: Any) -> Any:
     return getattr(optimizer, "optimizer", optimizer)
 
 
+def _save(state: dict[str, Any], folder: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, storage_writer=_dcp_classes()[2](folder))
+
+
 def _load(state: dict[str, Any], folder: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     read_metadata(folder / METADATA)  # refused here with a plain error (inside dcp.load it is wrapped)
-    reader, planner = _safe_classes()
+    reader, planner, _ = _dcp_classes()
     try:
         dcp.load(state, storage_reader=reader(folder), planner=planner())
     except CheckpointException as err:  # a BaseException holding each rank's error: a refusal is raised as itself
@@ -235,13 +241,30 @@ def _load_entry(read_item: Any, value: io.BytesIO) -> io.BytesIO:
 
 
 @functools.cache
-def _safe_classes() -> tuple[type, type]:
-    """torch's file-system reader and load planner, with ``.metadata`` read by :func:`read_metadata` and the
-    non-tensor entries by :func:`_load_entry` (torch reads both with unrestricted pickle). Built on first use: the
-    DCP modules take most of a second to import."""
-    from torch.distributed.checkpoint import FileSystemReader
+def _dcp_classes() -> tuple[type, type, type]:
+    """torch's file-system reader, load planner and writer: the reader reads ``.metadata`` with
+    :func:`read_metadata` and the planner the non-tensor entries with :func:`_load_entry` (torch reads both with
+    unrestricted pickle); the writer checksums each file as it writes it (``trainwell.utils.filehash``), for the
+    checkpoint's manifest. Built on first use: the DCP modules take most of a second to import."""
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystem
     from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class HashingFileSystem(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+            if "w" not in mode:
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            with filehash.open_for_write(path) as stream:
+                yield stream
+
+    class HashingWriter(FileSystemWriter):
+        def __init__(self, path: str | os.PathLike) -> None:
+            super().__init__(path)
+            self.fs = HashingFileSystem()
 
     class SafeReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
@@ -255,4 +278,4 @@ def _safe_classes() -> tuple[type, type]:
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             super().load_bytes(read_item, _load_entry(read_item, value))
 
-    return SafeReader, SafePlanner
+    return SafeReader, SafePlanner, HashingWriter

@@ -94,7 +94,7 @@ def restore_chosen_size(trainer: Any, resume_from_checkpoint: str | bool | None)
     from trainwell.checkpoint.resume import Resume
     from trainwell.state import TrainerState
 
-    resume = Resume.find(resume_from_checkpoint, trainer.args.output_dir)
+    resume = Resume.find(resume_from_checkpoint, trainer.args.output_dir, trainer.args.verify_checkpoint_checksums)
     state = TrainerState.load_from_json(f"{resume.path}/trainer_state.json")
     chosen, micro = state.train_batch_size, trainer._train_batch_size
     if chosen and chosen < micro and (micro * trainer.args.gradient_accumulation_steps) % chosen == 0:

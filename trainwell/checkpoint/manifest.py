@@ -1,0 +1,139 @@
+"""A checkpoint's manifest: each file's size and checksum, written with the checkpoint and checked on resume.
+
+Owns ``checkpoint_manifest.json``: building it at the end of a save from the records each process kept while
+writing (``trainwell.utils.filehash``: the optimizer, scheduler, RNG and data-position files, FSDP's shards and
+DeepSpeed's partitions are checksummed as they are written; the files written by other libraries, such as the
+model's safetensors from ``save_pretrained`` and the tokenizer, are read back once), and :func:`problem`, which
+says which file of a checkpoint no longer matches it.
+
+The manifest lists the files of the folder when it was published; files added later (a callback writing into
+``checkpoint-N/`` in ``on_save``) are not listed and not checked. A checkpoint without a manifest (written by the
+reference, or by an older trainwell) is not checked. The file itself is plain JSON::
+
+    {"format": "trainwell-checkpoint-manifest", "version": 1, "checksum": "xxh3_64",
+     "files": {"optimizer.pt": {"size": 1234, "xxh3_64": "0a1b2c3d4e5f6071"}, ...}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from trainwell.utils.filehash import ALGORITHM, FileRecord, hash_file
+
+MANIFEST_NAME = "checkpoint_manifest.json"
+FORMAT = "trainwell-checkpoint-manifest"
+VERSION = 1
+
+
+def local_files(folder: Path) -> list[str]:
+    """Every file under ``folder`` (relative POSIX paths, sorted), the manifest itself and symlinks aside."""
+    found = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = Path(root) / name
+            if path.is_file() and not path.is_symlink():
+                found.append(path.relative_to(folder).as_posix())
+    return sorted(f for f in found if f != MANIFEST_NAME)
+
+
+def build(folder: str | os.PathLike, recorded: Iterable[Mapping[str, FileRecord]]) -> dict[str, FileRecord]:
+    """The records of every file now in ``folder``: those kept while writing (by any process) when they describe
+    the file as it is, the others read back here (in parallel: reading and hashing release the GIL)."""
+    folder = Path(folder)
+    merged: dict[str, FileRecord] = {}
+    for records in recorded:
+        merged.update(records)
+    files = local_files(folder)
+    known = {name: merged[name] for name in files if name in merged and _size(folder / name) == merged[name].size}
+    unknown = [name for name in files if name not in known]
+    if unknown:
+        with ThreadPoolExecutor(max_workers=min(4, len(unknown))) as pool:
+            known.update(zip(unknown, pool.map(lambda name: hash_file(folder / name), unknown)))
+    return dict(sorted(known.items()))
+
+
+def write(folder: str | os.PathLike, records: Mapping[str, FileRecord]) -> None:
+    """Write ``checkpoint_manifest.json`` into ``folder`` (fsynced)."""
+    content = {"format": FORMAT, "version": VERSION, "checksum": ALGORITHM,
+               "files": {name: {"size": r.size, ALGORITHM: f"{r.digest:016x}"} for name, r in records.items()}}
+    path = Path(folder) / MANIFEST_NAME
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(content, indent=1, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read(folder: str | os.PathLike) -> dict[str, FileRecord] | None:
+    """The records of ``folder``'s manifest; None when it has none. Raises ValueError when it is damaged."""
+    path = Path(folder) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+        if content.get("format") != FORMAT or content.get("checksum") != ALGORITHM:
+            raise ValueError(f"not a {FORMAT} with {ALGORITHM} checksums")
+        records = {}
+        for name, entry in content["files"].items():
+            if not _inside(name):
+                raise ValueError(f"it names a file outside the checkpoint ({name!r})")
+            size, digest = entry["size"], int(entry[ALGORITHM], 16)
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not 0 <= digest < 2**64:
+                raise ValueError(f"the entry of {name} is not a size and a checksum")
+            records[name] = FileRecord(size, digest)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        raise ValueError(f"{MANIFEST_NAME} is damaged ({err})") from err
+    return records
+
+
+def problem(folder: str | os.PathLike, checksums: bool = True,
+            may_be_missing: Callable[[str], bool] = lambda name: False) -> str | None:
+    """Why the files of checkpoint ``folder`` differ from its manifest, or None when they match (or there is no
+    manifest). Sizes are always compared; with ``checksums`` every listed file is read and its checksum compared.
+
+    A listed file that is gone is a problem unless ``may_be_missing(name)``: a piece a user may delete on purpose
+    (the optimizer state, to restart it) is left to the checkpoint's completeness checks.
+    """
+    folder = Path(folder)
+    try:
+        records = read(folder)
+    except ValueError as err:
+        return str(err)
+    if records is None:
+        return None
+    present = {}
+    for name, expected in records.items():
+        path = folder / name
+        if not path.is_file():
+            if may_be_missing(name):
+                continue
+            return f"{name} is missing (the manifest lists it)"
+        present[name] = expected
+        size = _size(path)
+        if size != expected.size:
+            return (f"{name} is {size} bytes where the manifest says {expected.size}: the file was truncated or "
+                    "replaced after the checkpoint was written")
+    if checksums:
+        for name, expected in present.items():
+            if hash_file(folder / name).digest != expected.digest:
+                return (f"{name} does not match its checksum in the manifest: its bytes changed after the "
+                        "checkpoint was written (a damaged disk, a copy or sync tool, or an edit)")
+    return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
+def _inside(name: Any) -> bool:
+    if not isinstance(name, str) or not name or "\\" in name:
+        return False
+    parts = PurePosixPath(name).parts
+    return not PurePosixPath(name).is_absolute() and ".." not in parts and name != MANIFEST_NAME
