@@ -9,7 +9,12 @@ ids generated in code, with AdamW. Each configuration runs in a fresh subprocess
   bf16, fused AdamW, one ``optimizer.step()`` per batch; ``torch.compile`` on the model);
 * ``trainwell bf16``, ``trainwell fp16`` (GradScaler), ``trainwell bf16 compiled`` (``torch_compile=True``);
 * ``trainwell FSDP2 bf16`` (``fsdp=True``, one process) and ``trainwell ZeRO-3 bf16`` (``deepspeed=`` a ZeRO-3
-  config with ``"auto"`` values).
+  config with ``"auto"`` values);
+* ``loop QLoRA bf16`` / ``trainwell QLoRA bf16``: the QLoRA recipe (needs ``transformers``, ``peft`` and
+  ``bitsandbytes``): a Llama of the same size (``transformers``, built from a config) loaded 4-bit NF4 with bf16
+  compute, ``prepare_model_for_kbit_training``, LoRA r=16 on the attention projections; the hand-written loop
+  steps AdamW over the adapter's parameters. Its MFU counts 4 x parameters per token (no weight gradients for
+  the frozen base) plus the attention's term.
 
 Printed: tokens/s, the ratio to the matching hand-written loop (goal: trainwell bf16 >= 0.99x), MFU (model
 FLOPs: 6 x parameters + the attention's 12 x layers x width x sequence, per token, over the GPU's dense bf16
@@ -51,10 +56,13 @@ CONFIGS = {  # name -> (runner, options)
         "zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"},
         "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
         "train_batch_size": "auto", "gradient_clipping": "auto"}}),
+    "loop QLoRA bf16": ("loop", {"qlora": True}),
+    "trainwell QLoRA bf16": ("trainwell", {"bf16": True, "qlora": True}),
 }
 LAUNCHED = ("fsdp", "deepspeed")  # these run under torchrun
 BASELINE = {"trainwell bf16": "loop bf16", "trainwell fp16": "loop bf16", "trainwell bf16 compiled":
-            "loop bf16 compiled", "trainwell FSDP2 bf16": "loop bf16", "trainwell ZeRO-3 bf16": "loop bf16"}
+            "loop bf16 compiled", "trainwell FSDP2 bf16": "loop bf16", "trainwell ZeRO-3 bf16": "loop bf16",
+            "trainwell QLoRA bf16": "loop QLoRA bf16"}
 
 
 class Block(nn.Module):
@@ -116,16 +124,55 @@ def _model(size: dict) -> GPT:
     return GPT(**size)
 
 
+def _llama_config(size: dict) -> object:
+    import transformers
+
+    return transformers.LlamaConfig(hidden_size=size["width"], num_hidden_layers=size["layers"],
+                                    num_attention_heads=size["heads"], num_key_value_heads=size["heads"],
+                                    intermediate_size=4 * size["width"], vocab_size=size["vocab"],
+                                    max_position_embeddings=size["seq"])
+
+
+def _parameters(size: dict, qlora: bool) -> int:
+    """The model's parameter count (the Llama's unquantized, for QLoRA; built on the meta device: no memory)."""
+    if not qlora:
+        return sum(p.numel() for p in _model(size).parameters())
+    import transformers
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in transformers.LlamaForCausalLM(_llama_config(size)).parameters())
+
+
+def _qlora_model(size: dict, device: str) -> nn.Module:
+    """The QLoRA recipe on a Llama of ``size`` (same seed every time): 4-bit NF4 base, bf16 compute, LoRA r=16."""
+    import peft
+    import transformers
+
+    torch.manual_seed(0)
+    config = _llama_config(size)
+    quantization = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                   bnb_4bit_compute_dtype=torch.bfloat16)
+    with tempfile.TemporaryDirectory() as folder:
+        transformers.LlamaForCausalLM(config).save_pretrained(folder)
+        base = transformers.LlamaForCausalLM.from_pretrained(
+            folder, quantization_config=quantization, device_map={"": 0 if device == "cuda" else "cpu"})
+    base = peft.prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
+    lora = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj",
+                                                                                   "o_proj"])
+    return peft.get_peft_model(base, lora)
+
+
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
 
-def run_loop(size: dict, batch: int, warmup: int, steps: int, compile: bool, device: str) -> dict:
+def run_loop(size: dict, batch: int, warmup: int, steps: int, options: dict, device: str) -> dict:
     """The hand-written baseline: what a careful user writes for bf16 training on one GPU."""
-    model = _model(size).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
-    forward = torch.compile(model) if compile else model
+    model = _qlora_model(size, device) if options.get("qlora") else _model(size).to(device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4, fused=device == "cuda")
+    forward = torch.compile(model) if options.get("compile") else model
     loader = DataLoader(Tokens(batch * (warmup + steps), size["vocab"], size["seq"]), batch_size=batch,
                         shuffle=True, pin_memory=device == "cuda", generator=torch.Generator().manual_seed(42))
     losses, start = [], None
@@ -160,6 +207,8 @@ def run_trainwell(size: dict, batch: int, warmup: int, steps: int, options: dict
                     self.end = time.perf_counter()
 
     clock = Clock()
+    options = dict(options)
+    model = _qlora_model(size, device) if options.pop("qlora", False) else _model(size)
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
             output_dir=out, per_device_train_batch_size=batch, learning_rate=1e-4, weight_decay=0.0,
@@ -168,7 +217,7 @@ def run_trainwell(size: dict, batch: int, warmup: int, steps: int, options: dict
             disable_tqdm=True, seed=42, use_cpu=device == "cpu" and not set(options) & set(LAUNCHED),
             ddp_backend="gloo" if device == "cpu" and set(options) & set(LAUNCHED) else None, **options,
         )
-        trainer = Trainer(model=_model(size), args=args,
+        trainer = Trainer(model=model, args=args,
                           train_dataset=Tokens(batch * (warmup + steps), size["vocab"], size["seq"]),
                           callbacks=[clock])
         trainer.train()
@@ -182,12 +231,14 @@ def child(name: str, size_name: str, batch: int, warmup: int, steps: int, device
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     if runner == "loop":
-        result = run_loop(size, batch, warmup, steps, options.get("compile", False), device)
+        result = run_loop(size, batch, warmup, steps, options, device)
     else:
         result = run_trainwell(size, batch, warmup, steps, options, device)
-    params = sum(p.numel() for p in _model(size).parameters())
+    params = _parameters(size, options.get("qlora", False))
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
-    return {**result, "params": params, "peak_bytes": peak, "tokens": batch * size["seq"] * steps}
+    per_param = 4 if options.get("qlora") else 6  # a frozen base computes no weight gradients
+    return {**result, "params": params, "peak_bytes": peak, "tokens": batch * size["seq"] * steps,
+            "flops_per_param": per_param}
 
 
 def _launch(name: str, flags: list[str]) -> dict | str:
@@ -220,7 +271,7 @@ def report(results: dict[str, dict | str], size: dict, peak: float | None) -> No
             print(f"{name:<26}failed: {r}")
             continue
         rate = r["tokens"] / r["seconds"]
-        flops = 6 * r["params"] + 12 * size["layers"] * size["width"] * size["seq"]
+        flops = r.get("flops_per_param", 6) * r["params"] + 12 * size["layers"] * size["width"] * size["seq"]
         base = results.get(BASELINE.get(name, ""))
         ratio = f"{rate / (base['tokens'] / base['seconds']):.3f}x" if isinstance(base, dict) else ""
         mfu = f"{rate * flops / (peak * 1e12):.1%}" if peak else "-"

@@ -224,3 +224,109 @@ def test_every_file_a_resume_opens_has_a_hostile_test(run_dir, monkeypatch):
     trainer.train(resume_from_checkpoint=str(run_dir / "checkpoint-4"))
     assert set(opened) <= covered, sorted(set(opened) - covered)
     assert {"trainer_state.json", "optimizer.pt", "scheduler.pt", "rng_state.pth"} <= set(opened)
+
+
+# ------------------------------------------------------------------------------------------------- PEFT adapters
+def _peft_trainer(out_dir, **kwargs):
+    """A LoRA Llama with two adapters: "default" (saved in the checkpoint folder) and the active "second" (saved in
+    a subfolder of that name), the two places a resume reads adapter weights from."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from trainwell import Trainer
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=2, vocab_size=32, max_position_embeddings=16)
+    model = peft.get_peft_model(transformers.LlamaForCausalLM(config), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    model.add_adapter("second", peft.LoraConfig(r=2, target_modules=["v_proj"]))
+    model.set_adapter("second")
+    rows = [{"input_ids": torch.arange(i, i + 6) % 32, "labels": torch.arange(i, i + 6) % 32} for i in range(8)]
+    kwargs = {"per_device_train_batch_size": 4, "max_steps": 2, "save_strategy": "steps", "save_steps": 1, **kwargs}
+    return Trainer(model=model, args=make_args(out_dir, **kwargs), train_dataset=rows)
+
+
+@pytest.fixture(scope="module")
+def finished_peft_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hostile-peft") / "out"
+    _peft_trainer(str(out)).train()
+    return out
+
+
+@pytest.fixture
+def peft_dir(finished_peft_run, out_dir):
+    shutil.copytree(finished_peft_run, out_dir)
+    return Path(out_dir)
+
+
+@pytest.mark.parametrize("where", [".", "second"])
+@pytest.mark.parametrize("how", ["true", "path"])
+def test_a_crafted_adapter_bin_does_not_run_on_resume(peft_dir, tmp_path, where, how):
+    """adapter_model.bin (peft's pickle format) is read weights-only, in the folder and in an adapter's subfolder."""
+    marker, probe = tmp_path / "code-ran", tmp_path / "probe-ran"
+    torch.save({"weight": Payload(probe)}, tmp_path / "probe.bin")
+    torch.load(tmp_path / "probe.bin", weights_only=False)
+    assert probe.exists()  # the payload is live: an unrestricted load runs it
+
+    folder = peft_dir / "checkpoint-2" if where == "." else peft_dir / "checkpoint-2" / where
+    (folder / "adapter_model.safetensors").unlink()
+    (peft_dir / "checkpoint-2" / "checkpoint_manifest.json").unlink()  # as the reference writes it: the loader guards
+    torch.save({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": Payload(marker)},
+               folder / "adapter_model.bin")
+    resume = True if how == "true" else str(peft_dir / "checkpoint-2")
+    with pytest.raises(pickle.UnpicklingError) as err:
+        _peft_trainer(str(peft_dir), max_steps=3).train(resume_from_checkpoint=resume)
+    assert f"Refusing to load {folder / 'adapter_model.bin'}: " in str(err.value)
+    assert "could run code" in str(err.value)
+    assert not marker.exists()
+
+
+def test_an_adapter_bin_that_is_not_a_dict_of_tensors_is_refused(peft_dir):
+    folder = peft_dir / "checkpoint-2"
+    (folder / "adapter_model.safetensors").unlink()
+    (folder / "checkpoint_manifest.json").unlink()  # as the reference writes it: the loader guards
+    torch.save([torch.ones(2)], folder / "adapter_model.bin")  # loads weights-only, but is no adapter
+    with pytest.raises(ValueError, match=r"adapter_model.bin does not hold a dict of tensors \(found list\)"):
+        _peft_trainer(str(peft_dir), max_steps=3).train(resume_from_checkpoint=str(folder))
+
+
+@pytest.mark.parametrize("where", ["adapter_model.safetensors", "second/adapter_model.safetensors",
+                                   "second/adapter_model.bin"])
+def test_a_truncated_adapter_file_is_named_and_skipped(peft_dir, where, caplog):
+    from safetensors.torch import load_file
+
+    folder = peft_dir / "checkpoint-2"
+    (folder / "checkpoint_manifest.json").unlink()  # as the reference writes it: the loader guards
+    if where.endswith(".bin"):
+        weights = load_file(str(folder / "second" / "adapter_model.safetensors"))
+        (folder / "second" / "adapter_model.safetensors").unlink()
+        torch.save(weights, folder / where)
+    data = (folder / where).read_bytes()
+    (folder / where).write_bytes(data[: len(data) - 40])
+    kind = "truncated or not a torch file" if where.endswith(".bin") else "truncated"
+    with pytest.raises(ValueError, match=f"Can't resume from .*checkpoint-2: {re.escape(where)} is {kind}"):
+        _peft_trainer(str(peft_dir), max_steps=3).train(resume_from_checkpoint=str(folder))
+    trainer = _peft_trainer(str(peft_dir), max_steps=3)
+    trainer.train(resume_from_checkpoint=True)  # the newest complete checkpoint: checkpoint-1
+    assert f"Skipping damaged checkpoint {folder}: {where} is {kind}" in caplog.text
+    assert trainer.state.global_step == 3
+
+
+def test_every_file_a_peft_resume_opens_has_a_hostile_test(peft_dir, monkeypatch):
+    """The adapter files join the files a plain resume opens. README.md and adapter_config.json are only read as
+    bytes by the manifest's checksum, never parsed."""
+    covered = {"trainer_state.json", "training_args.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
+               "adapter_model.safetensors", "checkpoint_manifest.json", "README.md", "adapter_config.json"}
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def recording_open(file, *args, **kwargs):
+        if isinstance(file, (str, Path)) and str(peft_dir) in str(file):
+            opened.append(Path(file).relative_to(peft_dir / "checkpoint-2").as_posix())
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", recording_open)
+    monkeypatch.setattr(io, "open", recording_open)
+    _peft_trainer(str(peft_dir), max_steps=3, save_strategy="no").train(resume_from_checkpoint=str(peft_dir /
+                                                                                                 "checkpoint-2"))
+    assert {Path(name).name for name in opened} <= covered, sorted(opened)
+    assert {"adapter_model.safetensors", "second/adapter_model.safetensors", "optimizer.pt"} <= set(opened)

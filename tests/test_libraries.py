@@ -29,7 +29,7 @@ def _run(tmp: Path, library: str, backend: str, name: str, *flags: str) -> dict:
     return json.loads(out.read_text())
 
 
-def _compare(tmp: Path, library: str) -> tuple[dict, dict]:
+def _compare(tmp: Path, library: str, model_file: str = "model.safetensors") -> tuple[dict, dict]:
     reference = _run(tmp, library, "transformers", "reference")
     ours = _run(tmp, library, "trainwell", "trainwell")
     assert "trainwell.trainer.Trainer" in ours["bases"] and "transformers.trainer.Trainer" not in ours["bases"]
@@ -38,7 +38,7 @@ def _compare(tmp: Path, library: str) -> tuple[dict, dict]:
     assert ours["losses"] == pytest.approx(reference["losses"], rel=1e-6)
     assert ours["eval_losses"] == pytest.approx(reference["eval_losses"], rel=1e-6)
     assert len(ours["losses"]) == 6 and len(ours["eval_losses"]) == 2
-    assert {"model.safetensors", "optimizer.pt", "trainer_state.json"} <= set(ours["checkpoint"])
+    assert {model_file, "optimizer.pt", "trainer_state.json"} <= set(ours["checkpoint"])
     return reference, ours
 
 
@@ -53,6 +53,21 @@ def test_trl_sft_trainer_runs_on_trainwell_like_on_the_reference(tmp_path):
     pytest.importorskip("trl")
     _, ours = _compare(tmp_path, "sft")
     _resumes(tmp_path, "sft", ours)
+
+
+def test_trl_sft_trainer_with_a_peft_config_trains_resumes_and_reloads_the_best_adapter_like_the_reference(tmp_path):
+    """SFTTrainer(peft_config=LoraConfig(...)) wraps the model in a PeftModel itself: adapter-only checkpoints, a
+    resume from one, and load_best_model_at_end reloading the first evaluation's adapter, as on the reference."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    reference, ours = _compare(tmp_path, "sft-peft", model_file="adapter_model.safetensors")
+    ours_only = {"training_args.json", "checkpoint_manifest.json"}
+    assert set(ours["checkpoint"]) - ours_only == set(reference["checkpoint"]) - {"training_args.bin"}
+    assert ours["best"] == reference["best"] == "checkpoint-3"
+    assert ours["adapter"] and ours["adapter"] == pytest.approx(reference["adapter"], rel=1e-6)
+    _resumes(tmp_path, "sft-peft", ours)
+    resumed = json.loads((tmp_path / "resumed.json").read_text())
+    assert resumed["best"] == "checkpoint-3" and resumed["adapter"] == ours["adapter"]
 
 
 def test_trl_dpo_trainer_runs_on_trainwell_like_on_the_reference(tmp_path):

@@ -105,7 +105,7 @@ class Trainer:
         self.model_init = model_init
         self.hp_search_backend = None
         self.is_in_train = False
-        self._set_model(wiring.build_model(model, model_init, self.call_model_init, self.runtime.device))
+        self._set_model(wiring.build_model(model, model_init, self.call_model_init, self.runtime))
         self.compute_loss_func = compute_loss_func
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
@@ -207,7 +207,7 @@ class Trainer:
         if self.model_init is not None:
             self._seed()
             self._set_model(wiring.build_model(None, self.model_init, lambda: self.call_model_init(trial),
-                                               self.runtime.device))
+                                               self.runtime))
             self.optimizer, self.lr_scheduler = None, None
         if self._created_lr_scheduler:
             self.lr_scheduler = None  # built for the previous call's length: build it again for this one

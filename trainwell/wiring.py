@@ -22,6 +22,7 @@ from torch import nn
 from trainwell.checks import checked_callbacks, short_repr
 from trainwell.data import loaders
 from trainwell.utils import model as model_utils
+from trainwell.utils import quantization
 
 
 @dataclass
@@ -70,9 +71,10 @@ class ModelInfo:
 
 
 def build_model(
-    model: nn.Module | None, model_init: Callable | None, make: Callable[[], Any], device: Any
+    model: nn.Module | None, model_init: Callable | None, make: Callable[[], Any], runtime: Any
 ) -> nn.Module:
-    """The model to train: ``model``, or ``make()`` (``call_model_init``) when only ``model_init`` is given."""
+    """The model to train: ``model``, or ``make()`` (``call_model_init``) when only ``model_init`` is given, on
+    ``runtime``'s device; a quantized model that cannot train there, or so, is refused first."""
     if model is not None and model_init is not None:
         raise ValueError(
             "Trainer got both model and model_init: pass only one (model_init builds a fresh model for each "
@@ -92,7 +94,11 @@ def build_model(
                             "torch.nn.Module, e.g. return AutoModelForSequenceClassification.from_pretrained(name).")
     if not isinstance(model, nn.Module):
         raise TypeError(_not_a_module(model))
-    if not getattr(model, "hf_device_map", None):
+    device = torch.device(runtime.device)
+    quantization.check_trainable(model, runtime.compile_backend is not None, device.type)
+    # a model placed by from_pretrained(device_map=...) stays there; bitsandbytes models cannot be moved (.to raises)
+    bitsandbytes = quantization.quantization_method(model) == quantization.BITSANDBYTES
+    if not (getattr(model, "hf_device_map", None) or bitsandbytes):
         model = model.to(device)
     return model
 

@@ -13,7 +13,7 @@ import os
 import sys
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--library", choices=("sft", "dpo", "sentence-transformers"), required=True)
+parser.add_argument("--library", choices=("sft", "sft-peft", "dpo", "sentence-transformers"), required=True)
 parser.add_argument("--backend", choices=("trainwell", "transformers"), required=True)
 parser.add_argument("--workdir", required=True)
 parser.add_argument("--out", required=True)
@@ -71,6 +71,28 @@ def sft() -> object:
                       args=SFTConfig(**COMMON, **TRL), train_dataset=data, eval_dataset=data.select(range(8)))
 
 
+def sft_peft() -> object:
+    """SFTTrainer(peft_config=...): TRL wraps the model in a LoRA PeftModel itself; the best adapter reloads at the end
+    (the first evaluation's: "order" falls with every evaluation)."""
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    folder, tok = causal_lm(cli.workdir + "-model")
+    generator = torch.Generator().manual_seed(0)
+    data = Dataset.from_dict({"text": [sentences(generator, 1, 4 + i % 8)[0] for i in range(40)]})
+    evaluations = []
+
+    def order(prediction: object) -> dict:
+        evaluations.append(1)
+        return {"order": -len(evaluations)}
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1, task_type="CAUSAL_LM")
+    args = SFTConfig(**{**COMMON, "learning_rate": 1e-2}, **TRL, load_best_model_at_end=True,
+                     metric_for_best_model="order")
+    return SFTTrainer(model=transformers.LlamaForCausalLM.from_pretrained(folder), processing_class=tok, args=args,
+                      train_dataset=data, eval_dataset=data.select(range(8)), peft_config=lora, compute_metrics=order)
+
+
 def dpo() -> object:
     from trl import DPOConfig, DPOTrainer
 
@@ -109,7 +131,17 @@ def sentence_transformers() -> object:
                                       loss=losses.CosineSimilarityLoss(model))
 
 
-trainer = {"sft": sft, "dpo": dpo, "sentence-transformers": sentence_transformers}[cli.library]()
+trainer = {"sft": sft, "sft-peft": sft_peft, "dpo": dpo, "sentence-transformers": sentence_transformers}[cli.library]()
+
+
+def adapter_sums(model: object) -> dict:
+    if not hasattr(model, "peft_config"):
+        return {}
+    from peft import get_peft_model_state_dict
+
+    return {k: float(v.double().sum()) for k, v in get_peft_model_state_dict(model).items()}
+
+
 trainer.train(resume_from_checkpoint=cli.resume)
 history = trainer.state.log_history
 checkpoint = os.path.join(cli.workdir, "checkpoint-3")
@@ -122,5 +154,8 @@ with open(cli.out, "w") as fh:
         "args_bases": [f"{c.__module__}.{c.__qualname__}" for c in type(trainer.args).__mro__],
         "checkpoint": sorted(os.listdir(checkpoint)) if os.path.isdir(checkpoint) else [],
         "global_step": trainer.state.global_step,
+        "best": trainer.state.best_model_checkpoint and os.path.basename(trainer.state.best_model_checkpoint),
+        # the adapter the model ends with (after load_best_model_at_end), as sums of its tensors
+        "adapter": adapter_sums(trainer.model),
         "modules": sorted(m for m in ("trainwell", "transformers.trainer") if m in sys.modules),
     }, fh)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwell.backend import deepspeed as ds
-from trainwell.checkpoint import manifest, sharded
+from trainwell.checkpoint import adapters, manifest, sharded
 from trainwell.checkpoint.io import (
     AtomicDirectory,
     load_model_weights,
@@ -116,9 +116,10 @@ CONTENTS: tuple[Piece, ...] = (
     Piece("trainer_state", TRAINER_STATE_NAME, False, False, True, Phase.STATE, "_save_checkpoint",
           "_load_callback_state"),
 )
-# The model piece also covers the processing class (``save_pretrained`` files) and a sharded
-# ``model.safetensors.index.json``; ``trainwell.checkpoint.resume`` accepts those and the reference's
-# ``pytorch_model.bin`` as model weights.
+# The model piece also covers the processing class (``save_pretrained`` files), a sharded
+# ``model.safetensors.index.json``, and a PEFT model's adapters (``adapter_model.safetensors``, a non-default adapter
+# in a subfolder: ``trainwell.checkpoint.adapters``); ``trainwell.checkpoint.resume`` accepts those and the
+# reference's ``pytorch_model.bin`` as model weights.
 
 PIECES = {piece.name: piece for piece in CONTENTS}
 
@@ -250,7 +251,7 @@ def _stage_in_background(trainer: TrainerHooks, tmp: str) -> Callable[[], None] 
         return None
     save_model_files(trainer, tmp, weights=False)  # arguments and processing class
     staging, model = trainer.training_run.staging, model_utils.unwrap(trainer.model)
-    weights = staging.snapshot("model", model.state_dict())
+    weights = staging.snapshot("model", adapters.state_to_snapshot(model))
     states = {}
     if not args.save_only_model:
         states[OPTIMIZER_NAME] = staging.snapshot("optimizer", trainer.optimizer.state_dict())
@@ -369,7 +370,9 @@ def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
             ds.load_weights(model, checkpoint)
         return  # before the engine exists: it loads them with the optimizer (the OPTIMIZER phase)
     model = model_utils.unwrap(model)  # a compiled model's weights are its original module's
-    if sharded.has_shards(checkpoint, sharded.MODEL_DIR):
+    if model_utils.is_peft_model(model) and not _has_full_weights(checkpoint):
+        adapters.load_adapters(model, checkpoint, strict=strict)  # the reference's checkpoints hold adapters only
+    elif sharded.has_shards(checkpoint, sharded.MODEL_DIR):
         sharded.load_model_shards(model, checkpoint)
     elif sharded.is_sharded(model):
         sharded.load_full_state(model, read_model_weights(checkpoint))

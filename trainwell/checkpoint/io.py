@@ -22,12 +22,14 @@ import torch
 from torch import nn
 
 from trainwell.checkpoint.layout import (
+    ADAPTER_SAFE_WEIGHTS_NAME,
     LEGACY_WEIGHTS_NAME,
     TMP_PREFIX,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
 )
 from trainwell.utils.filehash import open_for_write
+from trainwell.utils.model import is_peft_model
 
 logger = logging.getLogger(__name__)
 
@@ -121,11 +123,12 @@ def save_model_weights(model: nn.Module, directory: str | os.PathLike, state_dic
 
     A ``transformers`` model (one with ``save_pretrained``) saves itself, so its config and sharding come out as
     ``from_pretrained`` expects. Any other module is written with safetensors' ``save_model``, which stores
-    one copy of tensors that share memory (tied embeddings) and restores the sharing on load.
+    one copy of tensors that share memory (tied embeddings) and restores the sharing on load. A PEFT model's
+    ``save_pretrained`` writes its adapters only (``adapter_model.safetensors``).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    with writing(directory / WEIGHTS_NAME):
+    with writing(directory / (ADAPTER_SAFE_WEIGHTS_NAME if is_peft_model(model) else WEIGHTS_NAME)):
         _write_weights(model, directory, state_dict)
 
 

@@ -22,6 +22,10 @@ logger = logging.getLogger(__name__)
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 LEGACY_WEIGHTS_NAME = "pytorch_model.bin"
+# A PEFT model's checkpoint holds its adapters instead (peft's names, beside adapter_config.json; a non-default
+# adapter in a subfolder of its name).
+ADAPTER_SAFE_WEIGHTS_NAME = "adapter_model.safetensors"
+ADAPTER_WEIGHTS_NAME = "adapter_model.bin"
 OPTIMIZER_NAME = "optimizer.pt"
 SCHEDULER_NAME = "scheduler.pt"
 SCALER_NAME = "scaler.pt"

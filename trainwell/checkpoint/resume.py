@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwell.checkpoint import manifest
+from trainwell.checkpoint.adapters import adapter_weight_files
 from trainwell.checkpoint.contents import CONTENTS, Phase, load_data_position, saved_rng
 from trainwell.checkpoint.layout import (
     LEGACY_WEIGHTS_NAME,
@@ -203,8 +204,8 @@ def unusable_reason(path: str | os.PathLike) -> str | None:
     Cheap checks only (no tensor is read, no pickle is opened): the trainer state parses as a JSON object,
     some model weights exist, every safetensors file is as long as its header says, every ``.pt``/``.pth``
     file (optimizer, scheduler, RNG states) is a whole zip archive (a truncated one has no end record), and every
-    file the checkpoint's manifest lists exists with its recorded size. A
-    checkpoint that passes but lacks training-state pieces resumes with a warning saying what is not exact.
+    file the checkpoint's manifest lists exists with its recorded size. A checkpoint that passes but lacks
+    training-state pieces resumes with a warning saying what is not exact.
     """
     path = Path(path)
     state_file = path / TRAINER_STATE_NAME
@@ -225,15 +226,17 @@ def unusable_reason(path: str | os.PathLike) -> str | None:
                 f"step {step} (an edited or copied state)")
     weights = [path / WEIGHTS_NAME, path / WEIGHTS_INDEX_NAME, path / LEGACY_WEIGHTS_NAME]
     weights += [path / p.file for p in CONTENTS if "model" in p.replaces]  # the sharded forms
-    if not any(w.is_file() for w in weights):
+    adapter_files = adapter_weight_files(path)  # a PEFT model's checkpoint: its adapters (some in subfolders)
+    if not (any(w.is_file() for w in weights) or adapter_files):
         return "no model weights file"
-    for file in sorted(path.glob("*.safetensors")):
-        problem = _safetensors_problem(file)
+    for file in sorted({*path.glob("*.safetensors"), *(f for f in adapter_files if f.suffix == ".safetensors")}):
+        problem = _safetensors_problem(file, str(file.relative_to(path)))
         if problem is not None:
             return problem
-    for file in sorted([*path.glob("*.pt"), *path.glob("*.pth"), *path.glob(LEGACY_WEIGHTS_NAME)]):
+    pickled = [*path.glob("*.pt"), *path.glob("*.pth"), *path.glob(LEGACY_WEIGHTS_NAME)]
+    for file in sorted({*pickled, *(f for f in adapter_files if f.suffix == ".bin")}):
         if not zipfile.is_zipfile(file):
-            return f"{file.name} is truncated or not a torch file"
+            return f"{file.relative_to(path)} is truncated or not a torch file"
     return manifest_problem(path, checksums=False)  # sizes only: nothing is read
 
 
@@ -295,20 +298,21 @@ def _present(path: Path, piece: Any) -> bool:
     return piece.per_rank and any(path.glob(f"{stem}_*.{suffix}"))
 
 
-def _safetensors_problem(file: Path) -> str | None:
-    """Check the safetensors header and that the file is as long as the header says."""
+def _safetensors_problem(file: Path, shown: str) -> str | None:
+    """Check the safetensors header and that the file is as long as the header says (``shown``: its name in the
+    message)."""
     try:
         size = file.stat().st_size
         with open(file, "rb") as fh:
             header_len = int.from_bytes(fh.read(8), "little")
             if header_len <= 0 or 8 + header_len > size:
-                return f"{file.name} is truncated"
+                return f"{shown} is truncated"
             header = json.loads(fh.read(header_len))
     except (OSError, ValueError) as err:
-        return f"{file.name} is unreadable ({err})"
+        return f"{shown} is unreadable ({err})"
     ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
     if 8 + header_len + max(ends, default=0) > size:
-        return f"{file.name} is truncated"
+        return f"{shown} is truncated"
     return None
 
 

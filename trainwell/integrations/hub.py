@@ -29,6 +29,7 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+from trainwell.checkpoint.adapters import saved_adapters
 from trainwell.checkpoint.layout import TMP_PREFIX
 from trainwell.outputs import PREFIX_CHECKPOINT_DIR, HubStrategy
 
@@ -198,6 +199,11 @@ def copy_model_files(checkpoint: str, output_dir: str) -> None:
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
                 names += [index, *sorted(set(json.load(f)["weight_map"].values()))]
+    # a PEFT model's adapters other than "default" are in subfolders of their names (the reference leaves them out)
+    for name, folder in saved_adapters(checkpoint).items():
+        if folder != Path(checkpoint):
+            os.makedirs(os.path.join(output_dir, name), exist_ok=True)
+            names += [os.path.join(name, file) for file in MODEL_FILES if file.startswith("adapter_")]
     for name in names:
         source = os.path.join(checkpoint, name)
         if os.path.isfile(source):

@@ -27,10 +27,28 @@ def unwrap(model: nn.Module) -> nn.Module:
         model = inner
 
 
+def is_peft_model(model: nn.Module) -> bool:
+    """True for a ``peft`` ``PeftModel`` (any task class) or ``PeftMixedModel``, by class name: peft is never
+    imported here."""
+    return any(cls.__name__ in ("PeftModel", "PeftMixedModel") for cls in type(unwrap(model)).__mro__)
+
+
+def inspected(model: nn.Module) -> nn.Module:
+    """The model whose ``forward``, class and loss conventions describe the batches: ``unwrap(model)``, and under a
+    PEFT wrapper its base model (``PeftModel.forward`` takes ``*args, **kwargs`` and hands them on), as the
+    reference reads them."""
+    inner = unwrap(model)
+    if not is_peft_model(inner):
+        return inner
+    get_base = getattr(inner, "get_base_model", None)
+    base = get_base() if callable(get_base) else inner.base_model.model  # PeftMixedModel has no get_base_model
+    return unwrap(base)
+
+
 def forward_parameters(model: nn.Module) -> dict[str, inspect.Parameter]:
-    """The parameters of ``model.forward`` (empty dict if the signature cannot be read)."""
+    """The parameters of the inspected model's ``forward`` (empty dict if the signature cannot be read)."""
     try:
-        return dict(inspect.signature(unwrap(model).forward).parameters)
+        return dict(inspect.signature(inspected(model).forward).parameters)
     except (TypeError, ValueError):
         return {}
 
@@ -49,11 +67,11 @@ def call_forward(model: nn.Module, inputs: dict[str, Any]) -> Any:
         if not params:
             raise
         try:
-            inspect.signature(unwrap(model).forward).bind(**inputs)
+            inspect.signature(inspected(model).forward).bind(**inputs)
         except TypeError as mismatch:
             names = ", ".join(n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
             raise TypeError(
-                f"The batch does not fit {type(unwrap(model)).__name__}.forward({names}): {mismatch}. The batch "
+                f"The batch does not fit {type(inspected(model)).__name__}.forward({names}): {mismatch}. The batch "
                 f"holds {sorted(inputs)}. Name the dataset columns (or the data collator's output keys) after "
                 "forward's arguments; with remove_unused_columns=True (the default), columns forward does not "
                 "name are dropped before the model sees them."
@@ -70,7 +88,7 @@ def find_label_names(model: nn.Module) -> list[str]:
     """Forward arguments that hold labels: every name containing "label", plus the QA span names."""
     params = forward_parameters(model)
     names = [name for name in params if "label" in name]
-    if type(unwrap(model)).__name__.endswith("ForQuestionAnswering"):
+    if type(inspected(model)).__name__.endswith("ForQuestionAnswering"):
         names += [n for n in ("start_positions", "end_positions") if n in params]
     return names
 
@@ -91,7 +109,7 @@ def accepts_loss_kwargs(model: nn.Module) -> bool:
     averages its own loss then gets a loss that is never divided by the accumulation steps, so its logged loss
     and gradients are multiplied by them. trainwell does not guess that from ``**kwargs`` alone.
     """
-    inner = unwrap(model)
+    inner = inspected(model)
     explicit = getattr(inner, "accepts_loss_kwargs", None)
     if explicit is not None:
         return bool(explicit)
@@ -104,7 +122,7 @@ def accepts_loss_kwargs(model: nn.Module) -> bool:
 
 def loss_shifts_labels(model: nn.Module) -> bool:
     """Causal LMs predict token i+1 at position i, so the first label of each row is never a target."""
-    inner = unwrap(model)
+    inner = inspected(model)
     config = getattr(inner, "config", None)
     if getattr(config, "is_encoder_decoder", False):
         return False
@@ -120,7 +138,7 @@ def loss_shifts_labels(model: nn.Module) -> bool:
 
 
 def main_input_name(model: nn.Module) -> str:
-    return getattr(unwrap(model), "main_input_name", "input_ids")
+    return getattr(inspected(model), "main_input_name", "input_ids")
 
 
 def extract_loss(outputs: Any) -> torch.Tensor:
