@@ -31,7 +31,7 @@ from trainwell import checks, search, techniques, wiring
 from trainwell.backend import failures
 from trainwell.backend.runtime import to_device
 from trainwell.checkpoint import contents
-from trainwell.checkpoint.contents import Phase
+from trainwell.checkpoint import lock as output_lock
 from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module-level names)
     OPTIMIZER_NAME,
     SCALER_NAME,
@@ -120,8 +120,7 @@ class Trainer:
         checks.check_trainer_arguments(self)
         self.callback_handler = CallbackHandler(wiring.default_callbacks(args, self.runtime, callbacks), self.model,
                                                 processing_class, self.optimizer, self.lr_scheduler)
-        if args.should_save:
-            os.makedirs(args.output_dir, exist_ok=True)
+        output_lock.prepare(args.output_dir, args.should_save, self.is_world_process_zero())
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
         self.current_flos = 0
@@ -190,10 +189,11 @@ class Trainer:
         try:
             self._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
             attempt = functools.partial(self._train_attempt, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
-            if self.args.auto_find_batch_size:  # attempts with smaller micro-batches after out-of-memory errors
-                output = batch_size.train_with_batch_search(self, attempt, resume_from_checkpoint)
-            else:
-                output = attempt(resume_from_checkpoint)
+            with output_lock.holding(self._get_output_dir(trial), enabled=self.is_world_process_zero()):
+                if self.args.auto_find_batch_size:  # attempts with smaller micro-batches after out-of-memory errors
+                    output = batch_size.train_with_batch_search(self, attempt, resume_from_checkpoint)
+                else:
+                    output = attempt(resume_from_checkpoint)
         finally:
             self.is_in_train = False
             self._memory_tracker.stop("train")  # after a failure (a finished run has stopped it already)
@@ -216,7 +216,7 @@ class Trainer:
         with techniques.during_training(self), failures.stop_together(self):
             resume = Resume.find(resume_from_checkpoint, self.args.output_dir, self.args.verify_checkpoint_checksums)
             if resume is not None:
-                resume.restore(self, Phase.WEIGHTS)
+                resume.restore(self, contents.Phase.WEIGHTS)
             add_memory = functools.partial(self._memory_tracker.stop, "train")
             return FitLoop(self, resume, trial, ignore_keys_for_eval, add_memory).run()
 

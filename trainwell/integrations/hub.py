@@ -31,6 +31,7 @@ from typing import Any
 
 from trainwell.checkpoint.adapters import saved_adapters
 from trainwell.checkpoint.layout import TMP_PREFIX
+from trainwell.checkpoint.lock import LOCK_NAME
 from trainwell.outputs import PREFIX_CHECKPOINT_DIR, HubStrategy
 
 logger = logging.getLogger(__name__)
@@ -219,7 +220,7 @@ def _remove_stage(stage: Path) -> None:
 
 
 def _ignored(name: str) -> bool:
-    return name.startswith(("_", f"{PREFIX_CHECKPOINT_DIR}-", TMP_PREFIX))
+    return name == LOCK_NAME or name.startswith(("_", f"{PREFIX_CHECKPOINT_DIR}-", TMP_PREFIX))
 
 
 def _link_or_copy(source: str, target: Path) -> None:
