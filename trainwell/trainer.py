@@ -356,8 +356,7 @@ class Trainer:
     floating_point_ops.is_trainwell_default = True  # type: ignore[attr-defined]
 
     def store_flos(self) -> None:
-        flos = torch.tensor(float(self.current_flos), device=self.runtime.device)
-        self.state.total_flos += float(self.runtime.reduce_data_sum(flos).item())
+        self.state.total_flos += self.runtime.data_sum_of_number(float(self.current_flos))
         self.current_flos = 0
 
     # ------------------------------------------------------------------------------------------ logging

@@ -49,7 +49,9 @@ def build_accelerator(args: Any, model: Any = None) -> Any:
         even_batches=acc_cfg.get("even_batches", True),
         # trainwell's own samplers are seeded and resumable; Accelerate must not swap them.
         use_seedable_sampler=False,
-        non_blocking=acc_cfg.get("non_blocking", False),
+        # From pinned memory a non-blocking copy changes no result, and a blocking one makes the host wait for
+        # the previous step's kernels before it can queue the next step: a hidden sync per step.
+        non_blocking=acc_cfg.get("non_blocking", False) or bool(args.dataloader_pin_memory),
     )
     with _clear_mesh_errors(args):
         accelerator = Accelerator(

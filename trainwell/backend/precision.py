@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from typing import Any
 
 import torch
@@ -91,8 +92,15 @@ class Precision:
             self._accelerator.backward(loss, **self._backward_kwargs)
 
     def clip_grad_norm_(self, parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-        """Unscale fp16 gradients, clip them to ``max_norm`` and return the total norm, as a tensor (no host sync)."""
+        """Unscale fp16 gradients, clip them to ``max_norm`` and return the total norm, as a tensor (no host sync).
+
+        ``max_norm=inf`` (clipping off) still returns the norm, which the logs report as the reference's do, but
+        never multiplies every gradient by 1.0 as ``clip_grad_norm_`` would: a pass over the gradients that a
+        hand-written loop does not make.
+        """
         if self.direct:
+            if math.isinf(max_norm):
+                return torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
             return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
         return self._accelerator.clip_grad_norm_(parameters, max_norm)
 

@@ -250,6 +250,13 @@ class Runtime:
             return total
         return total // self.model_parallel_size if not total.is_floating_point() else total / self.model_parallel_size
 
+    def data_sum_of_number(self, value: float) -> float:
+        """A per-process number summed over the data-parallel ranks, on the host: the number itself in one process
+        (no tensor, no copy), else one collective and one read (callers do this at log and save steps only)."""
+        if not self.distributed:
+            return value
+        return float(self.reduce_data_sum(torch.tensor(value, device=self.device)).item())
+
     def gather(self, data: Any) -> Any:
         if not self.distributed:
             return data

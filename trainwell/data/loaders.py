@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, SequentialSampler
 
 from trainwell.data.length_grouped import LengthGroupedSampler, sample_lengths
@@ -139,11 +140,17 @@ def build_dataloader(
     return DataLoader(dataset, **kwargs)
 
 
+def pins_memory(args: Any) -> bool:
+    """``dataloader_pin_memory``, where there is an accelerator to copy to: on a machine without one, pinning
+    buys nothing and torch warns about it on every loader."""
+    return bool(args.dataloader_pin_memory) and torch.accelerator.is_available()
+
+
 def _worker_kwargs(args: Any, rank: int) -> dict[str, Any]:
     """``DataLoader`` keywords for workers, pinning and prefetching; every worker seeded per rank."""
     kwargs: dict[str, Any] = {
         "num_workers": args.dataloader_num_workers,
-        "pin_memory": args.dataloader_pin_memory,
+        "pin_memory": pins_memory(args),
         "persistent_workers": args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
     }
     if args.dataloader_num_workers > 0:
@@ -216,7 +223,7 @@ def build_eval_dataloader(
     if is_iterable(dataset):
         shard = IterableEvalShard(dataset, batch_size, rank, world, drop_last=args.dataloader_drop_last)
         return DataLoader(shard, batch_size=None, collate_fn=ShardCollator(collate_fn),
-                          pin_memory=args.dataloader_pin_memory)
+                          pin_memory=pins_memory(args))
     batches = EvalShardBatchSampler(len(dataset), batch_size, rank, world, drop_last=args.dataloader_drop_last)
     kwargs = _worker_kwargs(args, rank)
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn, **kwargs)

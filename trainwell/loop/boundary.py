@@ -52,11 +52,11 @@ def maybe_log_save_evaluate(
     """Log the loss since the last log, evaluate, then save, each when its control flag is set."""
     control, state = hooks.control, hooks.state
     if control.should_log and state.global_step > tr_loss.last_logged_step:
-        loss_sum = gather_loss_sum(hooks.runtime, tr_loss.take())
+        loss_sum, grad_norm = tr_loss.read_window(lambda total: _mean_over_processes(hooks.runtime, total), grad_norm)
         tr_loss.logged_total += loss_sum
         logs: dict[str, float] = {"loss": loss_sum / (state.global_step - tr_loss.last_logged_step)}
         if grad_norm is not None:
-            logs["grad_norm"] = float(grad_norm)
+            logs["grad_norm"] = grad_norm
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
         tr_loss.last_logged_step = state.global_step
@@ -73,11 +73,16 @@ def maybe_log_save_evaluate(
 
 
 def gather_loss_sum(runtime: Any, value: Any) -> float:
-    """The mean over processes of each process's loss sum (one collective, at log steps only)."""
+    """The mean over processes of each process's loss sum (one collective, at log steps only), on the host."""
+    return float(_mean_over_processes(runtime, value).item())
+
+
+def _mean_over_processes(runtime: Any, value: Any) -> torch.Tensor:
+    """The mean over processes of each process's loss sum, as a float32 tensor left on the device."""
     tensor = torch.as_tensor(value, dtype=torch.float32, device=runtime.device).reshape(1)
     if runtime.distributed:
         tensor = runtime.gather(tensor).mean()
-    return float(tensor.sum().item())
+    return tensor.sum()
 
 
 def evaluate_in_training(hooks: TrainerHooks, ignore_keys_for_eval: Any, skip_scheduler: bool) -> dict[str, float]:

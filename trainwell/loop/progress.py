@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,6 +29,28 @@ if TYPE_CHECKING:
     from trainwell.loop.plan import StepPlan
 
 
+def reads_are_free(device: torch.device) -> bool:
+    """Whether reading a tensor of ``device`` on the host costs nothing: on the CPU it is a memory read, on an
+    accelerator a sync that stalls the queue of kernels (the contract tests switch this off to hold the
+    accelerator path to zero reads per step on a CPU)."""
+    return device.type == "cpu"
+
+
+def read_together(values: list[Any]) -> list[float | None]:
+    """``values`` (device tensors, numbers or None) as Python floats, with one host transfer for all the tensors:
+    each ``.item()`` would be a sync of its own. float32 keeps every value exact (losses are read as float32,
+    counts stay far below 2**24)."""
+    out: list[float | None] = [None if v is None else v if not isinstance(v, torch.Tensor) else 0.0 for v in values]
+    tensors = [(i, v) for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+    if tensors:
+        full = [v.full_tensor() if hasattr(v, "full_tensor") else v for _, v in tensors]  # a DTensor norm (FSDP2)
+        device = full[0].device
+        read = torch.stack([v.detach().to(device, torch.float32).reshape(()) for v in full]).tolist()
+        for (i, _), value in zip(tensors, read, strict=True):
+            out[i] = value
+    return [None if v is None else float(v) for v in out]
+
+
 class LossTracker:
     """Sums the (already scaled) micro-batch losses between two log steps.
 
@@ -37,14 +59,16 @@ class LossTracker:
     """
 
     def __init__(self, device: torch.device, nan_inf_filter: bool, last_logged_step: int = 0) -> None:
-        self.on_host = device.type == "cpu"
+        self.on_host = reads_are_free(device)
         self.nan_inf_filter = nan_inf_filter
         self.device = device
         self.total: Any = 0.0 if self.on_host else torch.zeros((), device=device)
         self.logged_total = 0.0  #: every loss taken so far in this train() call
         self.last_logged_step = last_logged_step  #: the global step of the last loss log
         self.added = 0  #: losses added since the last take
-        self.nonfinite: Any = 0  #: of those, the NaN or infinite ones (a device tensor on an accelerator)
+        self.nonfinite = 0  #: of those, the NaN or infinite ones, on the host path
+        self.finite: Any = 0  #: on an accelerator: of the ``on_device`` ones added there, the finite ones (a tensor)
+        self.on_device = 0
         self.empty: Any = 0  #: micro-batches since the last take whose labels are all -100 (when counted)
         self.warned: set[str] = set()
 
@@ -59,8 +83,11 @@ class LossTracker:
                     value = self.total / (1 + steps_since_log)
             self.total += value
             return
-        finite = torch.isfinite(loss)
-        self.nonfinite = self.nonfinite + finite.logical_not().sum()  # no sync: read at the log step
+        # isfinite in two kernels (x - x is 0 exactly for a finite x, NaN otherwise; torch.isfinite takes four),
+        # and a count of the finite ones in one more: no sync, read at the log step
+        finite = (loss - loss) == 0
+        self.finite = self.finite + finite
+        self.on_device += 1
         if self.nan_inf_filter:
             fallback = self.total / (1 + steps_since_log)
             self.total = self.total + torch.where(finite, loss.to(self.total.dtype), fallback)
@@ -88,15 +115,26 @@ class LossTracker:
 
     def take(self) -> torch.Tensor | float:
         """The sum since the last take (a sync point on an accelerator), resetting it."""
-        value = self.total
-        self.total = 0.0 if self.on_host else torch.zeros((), device=self.device)
-        self._check_window()
+        value = self._take_total()
+        self._check_window(*read_together([self.finite, self.empty]))
         return value
 
-    def _check_window(self) -> None:
+    def read_window(self, reduce: Callable[[Any], Any], *extras: Any) -> list[float | None]:
+        """Take the window at a log step: its loss sum through ``reduce`` (the mean over processes), then
+        ``extras`` (the gradient norm), read to the host in one transfer with the window's own counts."""
+        *values, finite, empty = read_together([reduce(self._take_total()), *extras, self.finite, self.empty])
+        self._check_window(finite, empty)
+        return values
+
+    def _take_total(self) -> torch.Tensor | float:
+        value = self.total
+        self.total = 0.0 if self.on_host else torch.zeros((), device=self.device)
+        return value
+
+    def _check_window(self, finite: float, empty: float) -> None:
         """Warn (once per run) when every loss of the window was NaN/inf, or some batches had no labels."""
-        added, nonfinite, empty = self.added, int(self.nonfinite), int(self.empty)  # take() syncs anyway
-        self.added, self.nonfinite, self.empty = 0, 0, 0
+        added, nonfinite, empty = self.added, self.nonfinite + self.on_device - int(finite), int(empty)
+        self.added, self.nonfinite, self.finite, self.on_device, self.empty = 0, 0, 0, 0, 0
         since = f"since step {self.last_logged_step}"
         if added and nonfinite == added and "nonfinite" not in self.warned:
             self.warned.add("nonfinite")
