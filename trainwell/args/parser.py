@@ -247,12 +247,15 @@ class TrainwellArgumentParser(argparse.ArgumentParser):
         return self.parse_dict(data, allow_extra_keys=allow_extra_keys)
 
     def parse_yaml_file(self, yaml_file: str | os.PathLike[str], allow_extra_keys: bool = False) -> tuple[Any, ...]:
-        """Instantiate every dataclass from a YAML file holding one mapping (needs PyYAML)."""
+        """Instantiate every dataclass from a YAML file holding one mapping (needs PyYAML). Aliases are bounded
+        before anything expands them (``trainwell.utils.safe_yaml``: ``ValueError`` naming the file and key)."""
         try:
-            import yaml  # deferred: only YAML users pay for it
+            import yaml  # noqa: F401  # deferred: only YAML users pay for it
         except ImportError:
             raise ImportError(f"reading {os.fspath(yaml_file)!r} needs PyYAML: pip install pyyaml") from None
-        data = yaml.safe_load(Path(yaml_file).read_text(encoding="utf-8"))
+        from trainwell.utils.safe_yaml import load_yaml
+
+        data = load_yaml(Path(yaml_file).read_text(encoding="utf-8"), os.fspath(yaml_file))
         return self.parse_dict({} if data is None else data, allow_extra_keys=allow_extra_keys)
 
     def parse_config_file(self, path: str | os.PathLike[str], allow_extra_keys: bool = False) -> tuple[Any, ...]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from trainwell.cli import CliError
+from trainwell.cli import CliError, callables
 from trainwell.cli.config import ConfigPath
 from trainwell.utils.errors import choice_error, did_you_mean
 
@@ -262,9 +262,13 @@ def check_call(factory: Any, kwargs: dict[str, Any], what: str, reference: str) 
 
 def resolve_factory(spec: Any, what: str, call_plain: bool) -> tuple[Any, dict[str, Any] | None]:
     """``(callable, kwargs)`` for a factory reference, the keyword arguments checked against the callable's
-    signature (nothing is called); ``kwargs`` is ``None`` for a plain string that is not to be called."""
+    signature and the callable against ``trainwell.cli.callables``' rules (nothing is called); ``kwargs`` is
+    ``None`` for a plain string that is not to be called."""
     if isinstance(spec, str):
         obj = import_object(spec, what)
+        if what == "compute_metrics":  # the callable itself (never called here)
+            callables.check_metrics_function(obj, what, spec)
+        callables.check_origin(obj, what, spec)
         if call_plain:
             check_call(obj, {}, what, spec)
         return obj, ({} if call_plain else None)
@@ -274,6 +278,9 @@ def resolve_factory(spec: Any, what: str, call_plain: bool) -> tuple[Any, dict[s
         if not isinstance(kwargs, dict):
             raise CliError(f"{what}.kwargs must be a mapping, got {type(kwargs).__name__}.")
         obj = import_object(spec["factory"], what)
+        if what == "compute_metrics":
+            callables.check_metrics_origin(obj, what, str(spec["factory"]))
+        callables.check_origin(obj, what, str(spec["factory"]))
         check_call(obj, kwargs, what, str(spec["factory"]))
         return obj, kwargs
     raise CliError(f"{what}: expected 'package.module:attribute' or {{factory: ..., kwargs: {{...}}}}, got {spec!r}.")
@@ -281,9 +288,15 @@ def resolve_factory(spec: Any, what: str, call_plain: bool) -> tuple[Any, dict[s
 
 def call_factory(spec: Any, what: str, call_plain: bool) -> Any:
     """Resolve a factory reference. A plain string is called with no arguments when ``call_plain`` (models,
-    data) and returned as is otherwise (a collator or metrics function *is* the callable)."""
+    data) and returned as is otherwise (a collator or metrics function *is* the callable). What a
+    ``compute_metrics`` factory returns must be a metrics function (``callables.check_metrics_function``)."""
     obj, kwargs = resolve_factory(spec, what, call_plain)
-    return obj if kwargs is None else obj(**kwargs)
+    if kwargs is None:
+        return obj
+    built = obj(**kwargs)
+    if what == "compute_metrics":
+        callables.check_metrics_function(built, what, f"what {spec['factory']} returned")
+    return built
 
 
 # section -> whether a plain 'module:attribute' reference is called (models, data) or is the callable itself.

@@ -53,18 +53,18 @@ def training_fields() -> set[str]:
 
 
 def read_config(path: str) -> dict[str, Any]:
-    """The mapping in a ``.yaml``/``.yml``/``.json`` file; errors say what is wrong with the file."""
+    """The mapping in a ``.yaml``/``.yml``/``.json`` file; errors say what is wrong with the file. YAML aliases
+    are bounded before anything expands them, and a circular one is named (``trainwell.utils.safe_yaml``)."""
+    from trainwell.utils.safe_yaml import YamlError, load_yaml
+
     file = Path(path)
     if not file.is_file():
         raise CliError(f"config file {path!r} does not exist.")
     text = file.read_text(encoding="utf-8")
     try:
-        if file.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)
+        data = json.loads(text) if file.suffix.lower() == ".json" else load_yaml(text, path)
+    except YamlError as err:
+        raise CliError(str(err)) from None
     except Exception as err:  # noqa: BLE001 - yaml and json raise different classes; the message is what counts
         raise CliError(f"{path}: cannot be parsed ({err}).") from None
     data = {} if data is None else data
@@ -116,10 +116,16 @@ def _typed_field_value(name: str, values: list[str]) -> Any:
     return value
 
 
-def _yaml_value(values: list[str]) -> Any:
-    import yaml
+def _yaml_value(values: list[str], name: str) -> Any:
+    """The command-line values of ``--name`` read as YAML (``3`` a number, ``[a, b]`` a list), aliases bounded."""
+    from trainwell.utils.safe_yaml import YamlError, load_yaml
 
-    parsed = [yaml.safe_load(v) for v in values]
+    try:
+        parsed = [load_yaml(v, f"--{name}") for v in values]
+    except YamlError as err:
+        raise CliError(str(err)) from None
+    except Exception as err:  # noqa: BLE001 - yaml's parse errors: the message is what counts
+        raise CliError(f"--{name}: {' '.join(values)!r} cannot be parsed ({err}).") from None
     if not parsed:
         return True
     return parsed[0] if len(parsed) == 1 else parsed
@@ -168,7 +174,7 @@ def apply_overrides(config: dict[str, Any], tokens: list[str]) -> dict[str, Any]
         if name in fields:
             merged[name] = _typed_field_value(name, values)
         else:
-            _set_nested(merged, name, _yaml_value(values))
+            _set_nested(merged, name, _yaml_value(values, name))
     return merged
 
 

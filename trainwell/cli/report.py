@@ -43,16 +43,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(ns: argparse.Namespace) -> int:
     import os
 
+    from trainwell.cli import CliError
     from trainwell.report import write_comparison, write_report
     from trainwell.report.history import expand_search_folders
 
-    runs = expand_search_folders(ns.runs)
-    if len(runs) == 1:
-        report = write_report(runs[0], ns.out, x=ns.x, smoothing=ns.smooth)
-    else:
-        search = len(ns.runs) == 1  # one folder holding a search's trials: the comparison goes inside it
-        default = os.path.join(ns.runs[0], "report") if search else "trainwell-comparison"
-        report = write_comparison(runs, ns.out or default, x=ns.x, smoothing=ns.smooth)
+    try:
+        runs = expand_search_folders(ns.runs)
+        if len(runs) == 1:
+            report = write_report(runs[0], ns.out, x=ns.x, smoothing=ns.smooth)
+        else:
+            search = len(ns.runs) == 1  # one folder holding a search's trials: the comparison goes inside it
+            default = os.path.join(ns.runs[0], "report") if search else "trainwell-comparison"
+            report = write_comparison(runs, ns.out or default, x=ns.x, smoothing=ns.smooth,
+                                      default_out=ns.out is None)
+    except OSError as err:
+        if isinstance(err, FileNotFoundError):
+            raise  # already one line, saying where it looked
+        where = f" {err.filename}" if err.filename else ""
+        raise CliError(f"cannot read or write{where}: {err.strerror or err}. Check the folder's permissions and "
+                       "free space, or pass --out to write elsewhere.") from None
     print(report.text)
     if report.note:
         print(f"\nnote: {report.note}")

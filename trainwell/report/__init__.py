@@ -2,6 +2,9 @@
 
 ``write_report(run_dir)`` writes ``<run_dir>/report/`` (PNG per figure, ``index.html`` with everything
 inlined, ``summary.txt``); ``write_comparison(run_dirs, out)`` writes one plot and page comparing runs.
+A report writes only into its own folder and never through a symbolic link (``trainwell.report.files``): each
+file is written to a temporary name beside it and renamed into place, which replaces a link of that name instead
+of following it, and a default ``report/`` folder that is itself a link is refused (``UnsafePathError``).
 Plots need matplotlib (``pip install 'trainwell[report]'``); without it the page and summary are still
 written, with a note saying what to install. Nothing here is imported by ``import trainwell``.
 
@@ -18,12 +21,14 @@ from pathlib import Path
 
 from trainwell.report import page
 from trainwell.report.curves import AXES, AxisError, build_axis, shared_axes
+from trainwell.report.files import report_folder
 from trainwell.report.history import RunHistory, load_run, summary, summary_text
 from trainwell.report.plots import matplotlib_available
 from trainwell.report.tables import comparison_rows, info_rows, session_rows, text_table
+from trainwell.utils.safe_files import UnsafePathError
 
-__all__ = ["AXES", "AxisError", "Report", "RunHistory", "load_run", "summary", "summary_text", "write_comparison",
-           "write_report"]
+__all__ = ["AXES", "AxisError", "Report", "RunHistory", "UnsafePathError", "load_run", "summary", "summary_text",
+           "write_comparison", "write_report"]
 
 _NO_MATPLOTLIB = "Plots were skipped: matplotlib is not installed (pip install 'trainwell[report]')."
 
@@ -43,40 +48,41 @@ def write_report(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
                  name: str | None = None, x: str = "step", smoothing: float | None = None) -> Report:
     """Report on one run (a finished or running ``output_dir``, a checkpoint, or a state file).
 
-    ``out_dir`` defaults to ``<run folder>/report``. Files there with the same names are replaced. ``x`` is the
-    plots' x axis (``step``, ``epoch``, ``tokens`` or ``time``): ``AxisError`` (a ``ValueError`` saying what
-    the history lacks) before anything is written when the run cannot give it. ``smoothing`` is the train
-    loss's exponential-average weight in [0, 1) (None: chosen from the number of points; 0: none).
+    ``out_dir`` defaults to ``<run folder>/report``, which must not be a symbolic link (``UnsafePathError``, a
+    ``ValueError``); an ``out_dir`` passed here is used as named. Files there with the same names are replaced,
+    a link among them replaced by the file, never followed. ``x`` is the plots' x axis (``step``, ``epoch``,
+    ``tokens`` or ``time``): ``AxisError`` (a ``ValueError`` saying what the history lacks) before anything is
+    written when the run cannot give it. ``smoothing`` is the train loss's exponential-average weight in
+    [0, 1) (None: chosen from the number of points; 0: none).
     """
     run = load_run(run_dir, name=name)
     build_axis(run, x)  # fail before writing anything
-    out = Path(out_dir) if out_dir is not None else Path(run.run_dir) / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    images, note = [], None
-    if matplotlib_available():
-        from trainwell.report.plots import plot_run
+    target = out_dir if out_dir is not None else Path(run.run_dir) / "report"
+    with report_folder(target, named_by_user=out_dir is not None) as out:
+        images, note = [], None
+        if matplotlib_available():
+            from trainwell.report.plots import plot_run
 
-        images = plot_run(run, out, x=x, smoothing=smoothing)
-    else:
-        note = _NO_MATPLOTLIB
-    text = summary_text(run)
-    (out / "summary.txt").write_text(text + "\n", encoding="utf-8")
-    tables = [("Sessions", page.rows_table(session_rows(run)) if len(run.sessions) > 1 else ""),
-              ("Hyperparameters", page.key_value_table(run.info) if run.info else "")]
-    html_path = out / "index.html"
-    html_path.write_text(
-        page.render(f"trainwell run report: {run.name}", [summary(run)], images, note, run.state["log_history"],
-                    tables=tables),
-        encoding="utf-8",
-    )
-    return Report(out, html_path, images, text, note)
+            images = plot_run(run, out, x=x, smoothing=smoothing)
+        else:
+            note = _NO_MATPLOTLIB
+        head = summary(run)
+        text = summary_text(run, head)
+        out.write_text("summary.txt", text + "\n")
+        tables = [("Sessions", page.rows_table(session_rows(run)) if len(run.sessions) > 1 else ""),
+                  ("Hyperparameters", page.key_value_table(run.info) if run.info else "")]
+        html_path = out.write_text("index.html", page.render(
+            f"trainwell run report: {run.name}", [head], images, note, run.log, tables=tables))
+    return Report(out.path, html_path, images, text, note)
 
 
 def write_comparison(run_dirs: list[str | os.PathLike[str]], out_dir: str | os.PathLike[str], x: str = "step",
-                     smoothing: float | None = None) -> Report:
+                     smoothing: float | None = None, default_out: bool = False) -> Report:
     """One comparison plot (``comparison.png``) and page (``index.html``) for several runs, in ``out_dir``:
     the runs' curves on shared axes, a table of final and best metrics per run, their hyperparameters side by
     side (the differing ones marked), then each run's summary. ``x`` and ``smoothing`` as in ``write_report``.
+    ``default_out``: ``out_dir`` is a default the caller chose (the command line's ``SEARCH/report``), so it
+    must not be a symbolic link, as ``write_report``'s default; files are written as there.
 
     Runs are named after their folders; when two folders share a name, their full paths are used.
     """
@@ -86,26 +92,25 @@ def write_comparison(run_dirs: list[str | os.PathLike[str]], out_dir: str | os.P
         names = [str(p) for p in paths]
     runs = [load_run(p, name=n) for p, n in zip(paths, names)]
     shared_axes(runs, x)  # fail before writing anything
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    images, note = [], None
-    if matplotlib_available():
-        from trainwell.report.plots import plot_comparison
+    with report_folder(out_dir, named_by_user=not default_out) as out:
+        images, note = [], None
+        if matplotlib_available():
+            from trainwell.report.plots import plot_comparison
 
-        images = [plot_comparison(runs, out, x=x, smoothing=smoothing)]
-    else:
-        note = _NO_MATPLOTLIB
-    rows, (params, differing) = comparison_rows(runs), info_rows(runs)
-    text = "runs:\n" + text_table(rows)
-    if params:
-        text += "\n\nhyperparameters:\n" + text_table(params)
-    text += "".join(f"\n\n{summary_text(r)}" for r in runs)
-    (out / "summary.txt").write_text(text + "\n", encoding="utf-8")
-    tables = [("Final and best metrics", page.rows_table(rows)),
-              ("Hyperparameters", page.rows_table(params, highlight=differing))]
-    details = [(f"Run: {r.name}", page.key_value_table(summary(r))) for r in runs]
-    html_path = out / "index.html"
-    html_path.write_text(page.render("trainwell run comparison", [], images, note, tables=tables, details=details),
-                         encoding="utf-8")
-    return Report(out, html_path, images, text, note)
+            images = [plot_comparison(runs, out, x=x, smoothing=smoothing)]
+        else:
+            note = _NO_MATPLOTLIB
+        rows, (params, differing) = comparison_rows(runs), info_rows(runs)
+        text = "runs:\n" + text_table(rows)
+        if params:
+            text += "\n\nhyperparameters:\n" + text_table(params)
+        heads = [summary(r) for r in runs]
+        text += "".join(f"\n\n{summary_text(r, head)}" for r, head in zip(runs, heads))
+        out.write_text("summary.txt", text + "\n")
+        tables = [("Final and best metrics", page.rows_table(rows)),
+                  ("Hyperparameters", page.rows_table(params, highlight=differing))]
+        details = [(f"Run: {r.name}", page.key_value_table(head)) for r, head in zip(runs, heads)]
+        html_path = out.write_text("index.html", page.render("trainwell run comparison", [], images, note,
+                                                             tables=tables, details=details))
+    return Report(out.path, html_path, images, text, note)
 

@@ -6,11 +6,12 @@ so everything here is tested without matplotlib.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trainwell.report.sessions import Session, entry_step, number
+from trainwell.report.sessions import PrefixMax, Session, entry_step, number
 
 if TYPE_CHECKING:
     from trainwell.report.history import RunHistory
@@ -87,13 +88,25 @@ def _check_tokens(run: RunHistory, values: list[float | None]) -> None:
 
 
 def _marks(run: RunHistory, values: list[float | None]) -> list[tuple[float, str]]:
-    """The x of each resume point: that of the last entry logged at or before it, by an earlier session."""
-    marks = []
+    """The x of each resume point: that of the last entry logged at or before it by an earlier session, else
+    the session's own first x. ``run.entries`` go by session, so "an earlier session" is a prefix of them; the
+    last entry of that prefix at or below a step comes from a ``PrefixMax`` over the steps (one pass in all)."""
+    if len(run.sessions) < 2:
+        return []
+    steps = sorted({entry_step(e) for _, e in run.entries})
+    latest = PrefixMax(len(steps))  # by step: the position of the last entry added at that step
+    first_own: dict[int, float] = {}
+    for (index, _), x in zip(run.entries, values):
+        if x is not None:
+            first_own.setdefault(index, x)
+    marks, added = [], 0
     for session in run.sessions[1:]:
-        before = [x for (index, entry), x in zip(run.entries, values)
-                  if index < session.index and x is not None and entry_step(entry) <= session.start_step]
-        own = [x for (index, _), x in zip(run.entries, values) if index == session.index and x is not None]
-        x = before[-1] if before else (own[0] if own else None)
+        while added < len(run.entries) and run.entries[added][0] < session.index:
+            if values[added] is not None:
+                latest.update(bisect.bisect_left(steps, entry_step(run.entries[added][1])), added)
+            added += 1
+        found = latest.query(bisect.bisect_right(steps, session.start_step))
+        x = values[found] if found >= 0 else first_own.get(session.index)
         if x is not None:
             marks.append((x, f"resumed at step {session.start_step}"))
     return marks
@@ -112,16 +125,17 @@ def _time_axis(run: RunHistory, seconds_per_unit: float | None) -> Axis:
         estimated = estimated or session.clock is None
     values: list[float | None] = []
     clock = {s.index: 0.0 for s in run.sessions}
-    by_index = {s.index: s for s in run.sessions}
+    # Per session, once (each is a pass over its entries): logged clock or not, start, span and runtime.
+    spread = {s.index: (s.clock is None, s.start_step, max(s.end_step - s.start_step, 1), s.runtime or 0.0)
+              for s in run.sessions}
     for index, entry in run.entries:
-        session = by_index[index]
-        if session.clock is not None:
+        unclocked, start, span, runtime = spread[index]
+        if not unclocked:
             clock[index] = number(entry.get("train_runtime")) or clock[index]
             values.append(offsets[index] + clock[index])
         else:
-            span = max(session.end_step - session.start_step, 1)
-            fraction = min(max((entry_step(entry) - session.start_step) / span, 0.0), 1.0)
-            values.append(offsets[index] + fraction * (session.runtime or 0.0))
+            fraction = min(max((entry_step(entry) - start) / span, 0.0), 1.0)
+            values.append(offsets[index] + fraction * runtime)
     scale = _time_unit(total)[0] if seconds_per_unit is None else seconds_per_unit
     unit = _UNITS.get(scale, f"x {scale:g} s")
     label = f"training time ({unit}{', estimated from each session runtime' if estimated else ''})"
@@ -147,15 +161,46 @@ def _time_unit(seconds: float) -> tuple[float, str]:
 
 def axis_series(run: RunHistory, axis: Axis) -> dict[str, list[tuple[float, float]]]:
     """Every metric of ``run.entries`` as ``(x, value)`` points on ``axis`` (entries without an x left out)."""
+    if axis.name == "step" and run.series:
+        return run.series  # the same points (run.series is drawn from run.entries by step too), already built
     series: dict[str, list[tuple[float, float]]] = {}
     for (_, entry), x in zip(run.entries, axis.values):
         if x is None:
             continue
         for key, raw in entry.items():
-            value = number(raw)
+            value = raw if type(raw) is float else number(raw)  # the common case without a call: 1M entries
             if value is not None and key not in INDEX_KEYS:
-                series.setdefault(key, []).append((x, value))
+                points = series.get(key)
+                if points is None:
+                    points = series[key] = []
+                points.append((x, value))
     return series
+
+
+def downsample(points: list[tuple[float, float]], buckets: int = 2000) -> list[tuple[float, float]]:
+    """At most about ``2 * buckets + 2`` of ``points``, for drawing a long series faithfully: the first and the
+    last point, and in each of ``buckets`` runs of consecutive points the lowest and the highest value (and the
+    first non-finite one, so a NaN still breaks the line), in their order. A plot a few thousand pixels wide
+    shows the same envelope, spikes included, as with every point; shorter series are returned as they are."""
+    n = len(points)
+    if n <= 2 * buckets + 2:
+        return points
+    values = [v for _, v in points]
+    size = -(-n // buckets)
+    keep = {0, n - 1}
+    for start in range(0, n, size):
+        chunk = values[start:start + size]
+        if all(map(math.isfinite, chunk)):  # the common case, at C speed
+            keep.add(start + chunk.index(min(chunk)))
+            keep.add(start + chunk.index(max(chunk)))
+            continue
+        finite = [i for i, v in enumerate(chunk) if math.isfinite(v)]
+        odd = next(i for i, v in enumerate(chunk) if not math.isfinite(v))
+        keep.add(start + odd)
+        if finite:
+            keep.add(start + min(finite, key=chunk.__getitem__))
+            keep.add(start + max(finite, key=chunk.__getitem__))
+    return [points[i] for i in sorted(keep)]
 
 
 def auto_weight(points: int) -> float:

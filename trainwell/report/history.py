@@ -9,17 +9,29 @@ here, so summaries work without matplotlib.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import math
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainwell.report.curves import INDEX_KEYS
 from trainwell.report.run_info import run_info
-from trainwell.report.sessions import Session, entry_step, merged_entries, number, split_sessions, weighted_mean_loss
-from trainwell.report.tables import session_rows, text_table
+from trainwell.report.sessions import (
+    Session,
+    bad_step,
+    entry_step,
+    merged_entries,
+    number,
+    split_sessions,
+    weighted_mean_loss,
+)
+from trainwell.report.tables import one_line, session_rows, text_table
 
 STATE_FILE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -34,7 +46,9 @@ class RunHistory:
     ``series`` maps a metric to its ``(step, value)`` points; ``final`` holds the numbers of the last
     end-of-``train()`` summary; ``sessions`` the ``train()`` calls of a resumed run (one for a run trained in one
     go); ``entries`` the ``(session index, log entry)`` pairs the curves are drawn from (overlaps resolved,
-    summaries apart); ``info`` the hyperparameters and recorded versions (``trainwell.report.run_info``).
+    summaries apart); ``info`` the hyperparameters and recorded versions (``trainwell.report.run_info``);
+    ``log`` the entries of ``log_history`` the report reads, and ``skipped`` the positions of those it cannot
+    (an entry that is not a JSON object, or whose ``step`` is not a finite number).
     """
 
     name: str
@@ -45,6 +59,8 @@ class RunHistory:
     sessions: list[Session] = field(default_factory=list)
     entries: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     info: dict[str, str] = field(default_factory=dict)
+    log: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
 
     @property
     def run_dir(self) -> str:
@@ -70,8 +86,10 @@ def find_state_file(path: str | os.PathLike[str]) -> Path:
                        if (c / STATE_FILE).is_file()), None)
         if newest is not None:
             found.append(newest)
-    if found:
+    if len(found) > 1:
         return max(found, key=_global_step)  # max keeps the first of equal keys
+    if found:
+        return found[0]  # not parsed here: load_run reads it once (a long history takes a while to parse)
     raise FileNotFoundError(
         f"no {STATE_FILE} in {os.fspath(path)!r} nor in a checkpoint-N folder inside it: pass a run's output_dir "
         "(after trainer.save_state() or at least one checkpoint), a checkpoint folder, or the file itself."
@@ -81,7 +99,7 @@ def find_state_file(path: str | os.PathLike[str]) -> Path:
 def _global_step(state_file: Path) -> int:
     try:
         return int(json.loads(state_file.read_text(encoding="utf-8")).get("global_step") or 0)
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError):
         return -1  # unreadable: any readable state wins
 
 
@@ -117,17 +135,21 @@ def series_from_log_history(log_history: list[dict[str, Any]]) -> tuple[dict[str
     """``(series, final)``: every numeric key of ``log_history`` as ``(step, value)`` points, in order, and the
     numbers of the last end-of-``train()`` summary (``train_runtime``, ``train_loss``, ...). Non-numeric values
     are skipped; where sessions of a resumed run overlap, the later session's entries win."""
-    sessions = split_sessions(log_history)
+    sessions = split_sessions(usable_entries(log_history)[0])
     return _step_series(merged_entries(sessions)), _final(sessions)
 
 
 def _step_series(entries: list[tuple[int, dict[str, Any]]]) -> dict[str, list[tuple[int, float]]]:
     series: dict[str, list[tuple[int, float]]] = {}
     for _, entry in entries:
+        step = entry_step(entry)
         for key, raw in entry.items():
-            value = number(raw)
+            value = raw if type(raw) is float else number(raw)  # the common case without a call: 1M entries
             if value is not None and key not in INDEX_KEYS:
-                series.setdefault(key, []).append((entry_step(entry), value))
+                points = series.get(key)
+                if points is None:
+                    points = series[key] = []
+                points.append((step, value))
     return series
 
 
@@ -138,21 +160,77 @@ def _final(sessions: list[Session]) -> dict[str, float]:
     return {k: v for k, raw in summaries[-1].items() if (v := number(raw)) is not None and k not in _INDEX_KEYS}
 
 
+@contextlib.contextmanager
+def _without_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused: reading a long history makes millions of dicts and tuples (none in a
+    cycle), and each collection they trigger walks all of them, a third of the time of a 1,000,000-entry log."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def load_run(path: str | os.PathLike[str], name: str | None = None) -> RunHistory:
-    """Read the run at ``path`` (see ``find_state_file``); ``ValueError`` if the file is not a trainer state."""
+    """Read the run at ``path`` (see ``find_state_file``); ``ValueError`` if the file is not a trainer state.
+    Linear in the length of ``log_history``: a 1,000,000-entry history is read in a few seconds."""
+    with _without_gc():
+        return _load_run(path, name)
+
+
+def _load_run(path: str | os.PathLike[str], name: str | None) -> RunHistory:
     state_path = find_state_file(path)
     try:
         state = json.loads(state_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{state_path} is not valid JSON ({err.msg}); is the run still writing it?") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{state_path} is not UTF-8 text ({err.reason} at byte {err.start}): it is not a "
+                         "trainer_state.json.") from None
+    except RecursionError:
+        raise ValueError(f"{state_path} is nested too deeply to read: it is not a trainer_state.json.") from None
     if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
         raise ValueError(f"{state_path} has no log_history list: it is not a trainer_state.json.")
-    sessions = split_sessions(state["log_history"])
+    log, skipped = usable_entries(state["log_history"])
+    sessions = split_sessions(log)
     entries = merged_entries(sessions)
-    run = RunHistory(name or "", str(state_path), state, _step_series(entries), _final(sessions), sessions, entries)
+    run = RunHistory(name or "", str(state_path), state, _step_series(entries), _final(sessions), sessions, entries,
+                     log=log, skipped=skipped)
     run.name = name or Path(run.run_dir).name or str(path)
     run.info = run_info(run.run_dir, state_path, state)
     return run
+
+
+def usable_entries(log_history: list[Any]) -> tuple[list[dict[str, Any]], list[int]]:
+    """``(entries, skipped)``: the log entries the report can place (JSON objects whose ``step`` is absent or a
+    finite number), and the positions of the others, which are left out (the summary counts them)."""
+    log, skipped = [], []
+    for position, entry in enumerate(log_history):
+        if isinstance(entry, dict) and bad_step(entry) is None:
+            log.append(entry)
+        else:
+            skipped.append(position)
+    return log, skipped
+
+
+def _json_kind(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return {str: "a string", list: "a list", int: "a number", float: "a number"}.get(type(value), "a value")
+
+
+def _skipped_text(run: RunHistory, shown: int = 3) -> str:
+    """``"2 (log_history[3]: a str, not a JSON object; ...)"``: how many entries were left out, and why."""
+    history = run.state["log_history"]
+    reasons = []
+    for position in run.skipped[:shown]:
+        entry = history[position]
+        why = bad_step(entry) if isinstance(entry, dict) else f"{_json_kind(entry)}, not a JSON object"
+        reasons.append(f"log_history[{position}]: {why}")
+    more = "; ..." if len(run.skipped) > shown else ""
+    return f"{len(run.skipped)} ({'; '.join(reasons)}{more})"
 
 
 def last_value(run: RunHistory, key: str) -> tuple[int, float] | None:
@@ -166,11 +244,14 @@ def summary(run: RunHistory) -> dict[str, Any]:
     state = run.state
     out: dict[str, Any] = {"run": run.name, "state file": run.state_path,
                            "steps": f"{state.get('global_step', '?')} / {state.get('max_steps', '?')}"}
-    if state.get("trial_params"):  # a hyperparameter-search trial: what it tried
+    if isinstance(state.get("trial_params"), dict) and state["trial_params"]:  # a search trial: what it tried
         out["trial"] = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                  for k, v in state["trial_params"].items())
-    if state.get("epoch") is not None:
-        out["epoch"] = round(float(state["epoch"]), 3)
+    epoch = number(state.get("epoch"))
+    if epoch is not None:
+        out["epoch"] = round(epoch, 3) if math.isfinite(epoch) else epoch
+    if run.skipped:
+        out["skipped log entries"] = _skipped_text(run)
     out.update(sessions_summary(run))
     for key, label in (("loss", "train loss"), ("eval_loss", "validation loss")):
         points = run.series.get(key)
@@ -187,7 +268,8 @@ def summary(run: RunHistory) -> dict[str, Any]:
         out["lowest validation loss"] = f"{best:.4g} at step {step}" + (
             f" (perplexity {perplexity:.4g})" if perplexity is not None else "")
     if state.get("best_metric") is not None:
-        out["best metric"] = f"{state['best_metric']:.6g}"
+        best_metric = number(state["best_metric"])
+        out["best metric"] = f"{best_metric:.6g}" if best_metric is not None else str(state["best_metric"])
     if state.get("best_model_checkpoint"):
         out["best checkpoint"] = state["best_model_checkpoint"]
     return out
@@ -224,16 +306,18 @@ def sessions_summary(run: RunHistory) -> dict[str, str]:
 
 
 def _resumes(sessions: list[Session]) -> str:
-    points = ", ".join(str(s.start_step) for s in sessions[1:])
+    points = ", ".join(str(s.start_step) for s in sessions[1:11]) + (
+        f" and {len(sessions) - 11} more" if len(sessions) > 11 else "")
     text = f"{len(sessions)} (resumed at step{'s' if len(sessions) > 2 else ''} {points})"
     covered = max(s.end_step for s in sessions) - sessions[0].start_step
     repeated = sum(s.trained_steps for s in sessions) - covered
     return text + (f"; {repeated} steps trained more than once" if repeated > 0 else "")
 
 
-def summary_text(run: RunHistory) -> str:
-    """The summary as aligned ``key  value`` lines, then the sessions of a resumed run and the hyperparameters."""
-    text = key_values(summary(run))
+def summary_text(run: RunHistory, head: dict[str, Any] | None = None) -> str:
+    """The summary (``head``, when already computed by ``summary``) as aligned ``key  value`` lines, then the
+    sessions of a resumed run and the hyperparameters; one line per value (``key_values``)."""
+    text = key_values(summary(run) if head is None else head)
     if len(run.sessions) > 1:
         text += "\n\nsessions:\n" + text_table(session_rows(run))
     if run.info:
@@ -242,6 +326,9 @@ def summary_text(run: RunHistory) -> str:
 
 
 def key_values(rows: dict[str, Any], indent: str = "") -> str:
+    """Aligned ``key  value`` lines, one per row: a line break or other control character in a key or a value
+    is written escaped (``tables.one_line``), so no value can start a line of its own."""
+    rows = {one_line(k): one_line(v) for k, v in rows.items()}
     width = max(map(len, rows), default=0)
     return "\n".join(f"{indent}{key:<{width}}  {value}" for key, value in rows.items())
 

@@ -13,6 +13,8 @@ import importlib.metadata
 import os
 from typing import TYPE_CHECKING, Any
 
+from trainwell.utils.safe_files import write_text_file
+
 if TYPE_CHECKING:
     from trainwell.trainer import Trainer
 
@@ -192,10 +194,9 @@ def model_card(trainer: Trainer, **kwargs: Any) -> str:
 
 
 def create_model_card(trainer: Trainer, **kwargs: Any) -> None:
-    """Write ``README.md`` into ``output_dir`` on the main process (the others do nothing)."""
+    """Write ``README.md`` into ``output_dir`` on the main process (the others do nothing). The card is written
+    beside its name and renamed into place (``utils.safe_files``): a ``README.md`` that is a symbolic link is
+    replaced by the card, and what it pointed to is never written."""
     if not trainer.is_world_process_zero():
         return
-    os.makedirs(trainer.args.output_dir, exist_ok=True)
-    path = os.path.join(trainer.args.output_dir, MODEL_CARD_NAME)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(model_card(trainer, **kwargs))
+    write_text_file(os.path.join(trainer.args.output_dir, MODEL_CARD_NAME), model_card(trainer, **kwargs))

@@ -84,7 +84,7 @@ def render(title: str, summaries: list[dict[str, Any]], images: list[Path], note
     parts += [_image(p) for p in images]
     parts += [f"<h2>{_name(heading)}</h2>{table}" for heading, table in details or [] if table]
     if log_history:
-        last = log_history[-12:]
+        last = [e for e in log_history[-12:] if isinstance(e, dict)]
         parts.append("<h2>Last log entries</h2>" + rows_table([{k: e.get(k, "") for k in e} for e in last]))
     parts.append("<p><small>Written by <code>trainwell report</code>.</small></p></body></html>")
     return "\n".join(parts)

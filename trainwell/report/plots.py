@@ -9,6 +9,7 @@ state of the program that calls it, and works without a display.
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -18,17 +19,22 @@ from trainwell.report.curves import (
     auto_weight,
     axis_series,
     build_axis,
+    downsample,
     shared_axes,
     smooth,
     spans_decade,
     values_of,
 )
+from trainwell.report.files import file_names, report_folder
 from trainwell.report.history import RunHistory
+from trainwell.report.tables import one_line
+from trainwell.utils.safe_files import SafeFolder
 
 _SKIP_EVAL = ("_runtime",)  # eval timings are throughput, drawn on their own figure
 # Curves whose y is never put on a log scale: a schedule decaying linearly to ~0 would look like a cliff.
 _LINEAR_ONLY = frozenset({"learning_rate"})
 Points = list[tuple[float, float]]
+_LONGEST_LABEL = 80  # characters of a title or legend entry; a longer metric or run name is cut, with "…"
 
 
 def matplotlib_available() -> bool:
@@ -61,8 +67,18 @@ def plot_groups(series: dict[str, Any]) -> dict[str, list[str]]:
     return groups
 
 
+def _text(text: str) -> str:
+    """``text`` as matplotlib should show it, literally: on one line, cut to ``_LONGEST_LABEL`` characters, and
+    with ``$`` escaped, since matplotlib reads ``$...$`` as mathtext (a metric named ``$x$`` would be typeset,
+    and one named ``$\\frac$`` would fail the whole figure)."""
+    text = one_line(text)
+    if len(text) > _LONGEST_LABEL:
+        text = text[:_LONGEST_LABEL - 1] + "…"
+    return text.replace("$", r"\$")
+
+
 def _label(key: str) -> str:
-    return {"loss": "train loss", "eval_loss": "validation loss"}.get(key, key.replace("_", " "))
+    return _text({"loss": "train loss", "eval_loss": "validation loss"}.get(key, key.replace("_", " ")))
 
 
 def _style_axes(ax: Any, title: str, xlabel: str) -> None:
@@ -72,9 +88,11 @@ def _style_axes(ax: Any, title: str, xlabel: str) -> None:
 
 
 def _draw(ax: Any, points: Points, label: str | None, color: Any = None, **style: Any) -> Any:
-    xs, values = zip(*points)
+    """One line; a long series is drawn from its ``curves.downsample`` (the same envelope, a few thousand points),
+    so a million-step log plots in a moment."""
     if len(points) < 30 and "alpha" not in style:
         style = {"marker": "o", "markersize": 3, **style}
+    xs, values = zip(*downsample(points))
     return ax.plot(xs, values, label=label, color=color, **style)[0]
 
 
@@ -107,26 +125,46 @@ def _finish(ax: Any, keys: list[str], curves: list[Points], ylabel: str) -> None
         ax.legend(fontsize="small")
 
 
+_NAMED_RESUMES = 12  # resume points drawn one by one, each with its label; more are drawn as one collection
+
+
 def _mark_resumes(ax: Any, axis: Axis, color: Any = "0.45") -> None:
+    """A dashed line at each resume point, labelled; past ``_NAMED_RESUMES`` (a history appended to itself many
+    times), all of them as one line collection and one label giving their number, which draws in a moment."""
+    if len(axis.marks) > _NAMED_RESUMES:
+        xs = [x for x, _ in axis.marks]
+        ax.vlines(xs, 0, 1, transform=ax.get_xaxis_transform(), colors=color, linestyles="--", linewidth=0.9,
+                  alpha=0.8)
+        ax.text(xs[0], 0.98, f" {len(xs)} resume points", transform=ax.get_xaxis_transform(), va="top",
+                fontsize=7, color=color)
+        return
     for x, text in axis.marks:
         ax.axvline(x, color=color, linestyle="--", linewidth=0.9, alpha=0.8)
         ax.text(x, 0.98, f" {text}", transform=ax.get_xaxis_transform(), va="top", fontsize=7, color=color)
 
 
-def plot_run(run: RunHistory, out_dir: str | os.PathLike[str], x: str = "step",
+def _save(fig: Any, folder: SafeFolder, name: str) -> Path:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return folder.write_bytes(name, buffer.getvalue())
+
+
+def plot_run(run: RunHistory, out_dir: str | os.PathLike[str] | SafeFolder, x: str = "step",
              smoothing: float | None = None) -> list[Path]:
-    """One PNG per figure of ``plot_groups`` in ``out_dir``, against the ``x`` axis (``curves.AXES``);
-    returns their paths in display order. ``smoothing`` is the train loss's averaging weight (None: chosen
-    from the number of points, ``curves.auto_weight``; 0: none). ``AxisError`` before any file is written when
-    the history cannot give ``x``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, fig in run_figures(run, x, smoothing).items():
-        path = out / f"{name}.png"
-        fig.savefig(path)
-        written.append(path)
-    return written
+    """One PNG per figure of ``plot_groups`` in ``out_dir`` (a folder path, created if needed, or an open
+    ``SafeFolder``), against the ``x`` axis (``curves.AXES``); returns their paths in display order. Each is
+    named after its metric, made a safe and unique file name (``files.file_names``: ``eval_acc/top1`` gives
+    ``eval_acc_top1-<hash>.png``), and written atomically, never through a link. ``smoothing`` is the train
+    loss's averaging weight (None: chosen from the number of points, ``curves.auto_weight``; 0: none).
+    ``AxisError`` before any file is written when the history cannot give ``x``."""
+    figures = run_figures(run, x, smoothing)
+    names = file_names(figures)
+    folder = report_folder(out_dir, named_by_user=True)
+    try:
+        return [_save(fig, folder, names[name]) for name, fig in figures.items()]
+    finally:
+        if folder is not out_dir:
+            folder.close()
 
 
 def run_figures(run: RunHistory, x: str = "step", smoothing: float | None = None) -> dict[str, Any]:
@@ -139,7 +177,8 @@ def run_figures(run: RunHistory, x: str = "step", smoothing: float | None = None
     for name, keys in plot_groups(series).items():
         fig = Figure(figsize=(7, 3.6), dpi=100, layout="constrained")
         ax = fig.add_subplot()
-        _style_axes(ax, f"{_label(name) if len(keys) == 1 else name.replace('_', ' ')} — {run.name}", axis.label)
+        title = _label(name) if len(keys) == 1 else name.replace("_", " ")
+        _style_axes(ax, f"{title} — {_text(run.name)}", axis.label)
         for key in keys:
             _draw_key(ax, key, series[key], _label(key), smoothing)
         _mark_resumes(ax, axis)
@@ -157,17 +196,19 @@ def comparison_keys(runs: list[RunHistory]) -> list[str]:
     return first + others or sorted(present)[:1]
 
 
-def plot_comparison(runs: list[RunHistory], out_dir: str | os.PathLike[str], x: str = "step",
+def plot_comparison(runs: list[RunHistory], out_dir: str | os.PathLike[str] | SafeFolder, x: str = "step",
                     smoothing: float | None = None) -> Path:
-    """One PNG comparing runs: a panel per metric that at least one run has, every run on the same axes (one
-    colour per run in every panel, panels sharing the x axis), log-scale y when the runs together span more
-    than a decade. ``AxisError`` names the run that cannot give ``x``."""
+    """One PNG comparing runs (``comparison.png`` in ``out_dir``, written as ``plot_run`` writes): a panel per
+    metric that at least one run has, every run on the same axes (one colour per run in every panel, panels
+    sharing the x axis), log-scale y when the runs together span more than a decade. ``AxisError`` names the
+    run that cannot give ``x``."""
     fig = comparison_figure(runs, x, smoothing)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "comparison.png"
-    fig.savefig(path)
-    return path
+    folder = report_folder(out_dir, named_by_user=True)
+    try:
+        return _save(fig, folder, "comparison.png")
+    finally:
+        if folder is not out_dir:
+            folder.close()
 
 
 def comparison_figure(runs: list[RunHistory], x: str = "step", smoothing: float | None = None) -> Any:
@@ -188,7 +229,7 @@ def comparison_figure(runs: list[RunHistory], x: str = "step", smoothing: float 
         curves = []
         for run, axis, run_series, color in zip(runs, axes, series, colors):
             if run_series.get(key):
-                _draw_key(ax, key, run_series[key], run.name, smoothing, color)
+                _draw_key(ax, key, run_series[key], _text(run.name), smoothing, color)
                 _mark_resumes(ax, axis, color)
                 curves.append(run_series[key])
         _finish(ax, [key], curves, _label(key))

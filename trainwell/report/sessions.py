@@ -24,6 +24,7 @@ Only the standard library is used here.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,20 +37,42 @@ _RATE_ROUNDING = 0.0005
 
 
 def is_summary(entry: dict[str, Any]) -> bool:
-    """Whether ``entry`` is the summary ``train()`` logs when it returns."""
-    return any(key in entry for key in _SUMMARY_ONLY)
+    """Whether ``entry`` is the summary ``train()`` logs when it returns (has a key of ``_SUMMARY_ONLY``, spelled
+    out: this runs for every entry)."""
+    return "train_loss" in entry or "train_samples_per_second" in entry or "train_steps_per_second" in entry
 
 
 def entry_step(entry: dict[str, Any]) -> int:
+    """The entry's ``step`` (0 when it has none, or one that is not a finite number: see ``bad_step``)."""
     step = entry.get("step", 0)
-    return int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else 0
+    if type(step) is int:  # the common case, first: this runs for every entry, several times
+        return step
+    return int(step) if isinstance(step, float) and math.isfinite(step) else 0
+
+
+def bad_step(entry: dict[str, Any]) -> str | None:
+    """Why the entry's ``step`` cannot place it (NaN, infinite, a string, a bool), or None when it is a finite
+    number or absent."""
+    step = entry.get("step")
+    if step is None and "step" not in entry:
+        return None
+    if isinstance(step, int) and not isinstance(step, bool) or isinstance(step, float) and math.isfinite(step):
+        return None
+    return f"step {step!r} is not a finite number"
 
 
 def number(value: Any) -> float | None:
-    """``value`` as a float when it is a finite or non-finite JSON number (never a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """``value`` as a float when it is a finite or non-finite JSON number (never a bool), else None. An integer
+    too large for a float becomes an infinity of its sign."""
+    kind = type(value)
+    if kind is float:
+        return value
+    if kind is bool or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 @dataclass
@@ -63,11 +86,23 @@ class Session:
     start_step: int = 0
     #: ``num_input_tokens_seen`` at the resume point (0 for the first session or when not logged)
     start_tokens: float = 0.0
+    _memo: dict[str, tuple[tuple[int, int, int], Any]] = field(default_factory=dict, init=False, repr=False,
+                                                               compare=False)
+
+    def _remembered(self, name: str, compute: Any) -> Any:
+        """``compute()``, kept while the entries (by count), the summary and the start step stay the same: the
+        tables and the summary ask a session's end step and clock many times, each a pass over its entries."""
+        key = (len(self.entries), id(self.summary), self.start_step)
+        known = self._memo.get(name)
+        if known is None or known[0] != key:
+            known = self._memo[name] = (key, compute())
+        return known[1]
 
     @property
     def end_step(self) -> int:
-        steps = [entry_step(e) for e in self.entries] + ([entry_step(self.summary)] if self.summary else [])
-        return max(steps, default=self.start_step)
+        return self._remembered("end_step", lambda: max(
+            (entry_step(e) for e in [*self.entries, *([self.summary] if self.summary else [])]),
+            default=self.start_step))
 
     @property
     def trained_steps(self) -> int:
@@ -77,8 +112,8 @@ class Session:
     @property
     def clock(self) -> float | None:
         """The largest per-log ``train_runtime``: how long the call had run at its last log."""
-        values = [v for e in self.entries if (v := number(e.get("train_runtime"))) is not None]
-        return max(values, default=None)
+        return self._remembered("clock", lambda: max(
+            (v for e in self.entries if (v := number(e.get("train_runtime"))) is not None), default=None))
 
     @property
     def runtime(self) -> float | None:
@@ -139,14 +174,18 @@ def weighted_mean_loss(entries: list[dict[str, Any]], start_step: int = 0) -> fl
 
 
 def split_sessions(log_history: list[dict[str, Any]]) -> list[Session]:
-    """The sessions of ``log_history``, in order (see the module docstring for the marks of a resume)."""
+    """The sessions of ``log_history``, in order (see the module docstring for the marks of a resume). Entries
+    that are not JSON objects are skipped. Linear in the length of the history (``_Marks`` keeps what the
+    current session has logged so far, so no entry is looked at twice)."""
     sessions = [Session(1)]
+    marks = _Marks()
     for entry in log_history:
         if not isinstance(entry, dict):
             continue
-        if _starts_new_session(sessions[-1], entry):
+        final = is_summary(entry)
+        if marks.place(entry, final):
             sessions.append(Session(len(sessions) + 1))
-        if is_summary(entry):
+        if final:
             sessions[-1].summary = entry
         else:
             sessions[-1].entries.append(entry)
@@ -157,19 +196,45 @@ def split_sessions(log_history: list[dict[str, Any]]) -> list[Session]:
     return sessions
 
 
-def _starts_new_session(session: Session, entry: dict[str, Any]) -> bool:
-    if not session.entries and session.summary is None:
-        return False
-    step = entry_step(entry)
-    if session.summary is not None:  # an evaluation after train() returned belongs to the run it evaluated
-        return is_summary(entry) or "loss" in entry or step != session.end_step
-    if step < session.end_step:
-        return True
-    losses = [entry_step(e) for e in session.entries if "loss" in e]
-    if "loss" in entry and losses and step <= losses[-1]:
-        return True
-    clock, last = number(entry.get("train_runtime")), session.clock
-    return clock is not None and last is not None and clock < last
+class _Marks:
+    """What the session being read has logged so far: its last step, the step of its last training loss, its
+    clock (the largest per-log ``train_runtime``) and whether its summary came, kept up to date entry by entry."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.end_step: int | None = None
+        self.loss_step: int | None = None
+        self.clock: float | None = None
+        self.summarized = False
+
+    def place(self, entry: dict[str, Any], final: bool) -> bool:
+        """Take ``entry`` (``final``: an end-of-``train()`` summary) into account; True when it starts a new
+        session (the marks then describe that one)."""
+        step = entry_step(entry)
+        clock = None if final else number(entry.get("train_runtime"))
+        new = self.end_step is not None and self._starts_new_session(entry, final, step, clock)
+        if new:
+            self._reset()
+        self.end_step = step if self.end_step is None or step > self.end_step else self.end_step
+        if final:
+            self.summarized = True
+            return new
+        if "loss" in entry:
+            self.loss_step = step
+        if clock is not None and (self.clock is None or clock > self.clock):
+            self.clock = clock
+        return new
+
+    def _starts_new_session(self, entry: dict[str, Any], final: bool, step: int, clock: float | None) -> bool:
+        if self.summarized:  # an evaluation after train() returned belongs to the run it evaluated
+            return final or "loss" in entry or step != self.end_step
+        if self.end_step is not None and step < self.end_step:
+            return True
+        if "loss" in entry and self.loss_step is not None and step <= self.loss_step:
+            return True
+        return clock is not None and self.clock is not None and clock < self.clock
 
 
 def _split_by_summary(session: Session) -> list[Session]:
@@ -198,15 +263,52 @@ def _split_by_summary(session: Session) -> list[Session]:
 
 
 def _set_resume_points(sessions: list[Session]) -> None:
-    for k, session in enumerate(sessions[1:], start=1):
-        first = first_training_step(session)
-        before = [e for s in sessions[:k] for e in s.entries if entry_step(e) < first]
-        if first is None or not before:
+    """Each later session's resume point: the highest step below its first training step that an earlier
+    session logged (the first entry logged at that step gives ``start_tokens``). One pass over the entries,
+    the "highest step below" found in a ``PrefixMax`` (log time per query), so even a history of thousands of
+    sessions is read in about linear time."""
+    if len(sessions) < 2:
+        return
+    steps = sorted({entry_step(e) for s in sessions for e in s.entries})
+    seen = PrefixMax(len(steps))
+    first_at: dict[int, dict[str, Any]] = {}
+    for k, session in enumerate(sessions):
+        first = first_training_step(session) if k else None
+        found = seen.query(bisect.bisect_left(steps, first)) if first is not None else -1
+        if k and found < 0:
             session.start_step = sessions[k - 1].end_step
-            continue
-        resume = max(before, key=entry_step)
-        session.start_step = entry_step(resume)
-        session.start_tokens = number(resume.get("num_input_tokens_seen")) or 0.0
+        elif k:
+            resume = first_at[steps[found]]
+            session.start_step = entry_step(resume)
+            session.start_tokens = number(resume.get("num_input_tokens_seen")) or 0.0
+        for entry in session.entries:
+            step = entry_step(entry)
+            if step not in first_at:
+                first_at[step] = entry
+                position = bisect.bisect_left(steps, step)
+                seen.update(position, position)
+
+
+class PrefixMax:
+    """A Fenwick tree over positions ``0..size-1``: ``update(i, value)`` raises position ``i`` to ``value``;
+    ``query(n)`` is the largest value among positions ``< n`` (-1 when none was set). Both in log time."""
+
+    def __init__(self, size: int) -> None:
+        self._tree = [-1] * (size + 1)
+
+    def update(self, position: int, value: int) -> None:
+        i = position + 1
+        while i < len(self._tree):
+            if self._tree[i] < value:
+                self._tree[i] = value
+            i += i & -i
+
+    def query(self, count: int) -> int:
+        best, i = -1, count
+        while i > 0:
+            best = max(best, self._tree[i])
+            i -= i & -i
+        return best
 
 
 def first_training_step(session: Session) -> int | None:
@@ -220,11 +322,11 @@ def first_training_step(session: Session) -> int | None:
 def merged_entries(sessions: list[Session]) -> list[tuple[int, dict[str, Any]]]:
     """``(session index, entry)`` for the run's curves: where sessions overlap, the later one wins (an earlier
     session's entries at or after a later session's first training step are left out)."""
-    out: list[tuple[int, dict[str, Any]]] = []
+    parts: list[list[tuple[int, dict[str, Any]]]] = []
     cutoff = math.inf
     for session in reversed(sessions):
-        out[:0] = [(session.index, e) for e in session.entries if entry_step(e) < cutoff]
+        parts.append([(session.index, e) for e in session.entries if entry_step(e) < cutoff])
         first = first_training_step(session)
         if first is not None:
             cutoff = min(cutoff, first)
-    return out
+    return [pair for part in reversed(parts) for pair in part]

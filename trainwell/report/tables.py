@@ -7,6 +7,7 @@ Owns which columns a table has and how each cell reads; ``trainwell.report.page`
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 from trainwell.report.sessions import Session, weighted_mean_loss
@@ -17,6 +18,23 @@ if TYPE_CHECKING:
 Rows = list[dict[str, str]]
 # Evaluation keys that are timings, not results: left out of "final metrics".
 _NOT_RESULTS = ("_runtime", "_per_second", "_mem_", "jit_compilation_time")
+# What must not reach a line of text as is: control characters (line breaks, tabs, terminal escapes), the
+# characters Python and editors also break lines at (U+0085, U+2028, U+2029), bidirectional overrides (which
+# reorder what a reader sees) and lone surrogates (which no UTF-8 file can hold).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def one_line(value: Any) -> str:
+    """``str(value)`` with each character of ``_UNSAFE`` written as its escape (``\\n``, ``\\x1b``,
+    ``\\u2028``), as ``repr`` writes it: a value always stays on its own line of a text summary, whatever a
+    hyperparameter, a metric name or a folder name holds. Other text (backslashes included) is left as is."""
+    return _UNSAFE.sub(_escape, str(value))
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _ESCAPES.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
 
 
 def short_duration(seconds: float | None) -> str:
@@ -120,6 +138,7 @@ def text_table(rows: Rows, indent: str = "  ") -> str:
     """``rows`` as aligned plain-text columns under a header line."""
     if not rows:
         return ""
+    rows = [{one_line(k): one_line(v) for k, v in row.items()} for row in rows]  # one line per row, always
     columns = list(rows[0])
     widths = {c: max(len(c), *(len(str(row.get(c, ""))) for row in rows)) for c in columns}
     lines = [indent + "  ".join(f"{c:<{widths[c]}}" for c in columns).rstrip()]

@@ -1,0 +1,60 @@
+"""The report's files: the folder it writes into, and a safe, unique file name for each figure.
+
+A figure is named after its metric, and a metric name is whatever ``compute_metrics`` returned: ``acc/top1``
+would be a path, ``..`` a parent folder, a 10,000-character name longer than a file name may be. A name made
+of letters, digits and ``_ . + -`` (at most 80 characters, starting with a letter or digit) is used as is
+(``eval_accuracy.png``); any other becomes a readable slug plus 8 hex digits of its SHA-1 (``eval_acc_top1-
+1b2c3d4e.png``), and a name still taken, compared without case (two metrics differing only in case share a file
+on macOS), gets ``-2``, ``-3``... Writing goes through ``trainwell.utils.safe_files``: never through a link.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from trainwell.utils.safe_files import SafeFolder
+
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,79}")
+_HASHED = re.compile(r"-[0-9a-f]{8}")  # the tail of a hashed name: a plain name ending so is hashed too
+_UNSAFE_RUN = re.compile(r"[^A-Za-z0-9_.+-]+")
+_SLUG = 48
+
+
+def file_stem(name: str) -> str:
+    """The file name (without suffix) for a figure named ``name`` (see the module docstring)."""
+    if _PLAIN.fullmatch(name) and not _HASHED.fullmatch(name[-9:]):
+        return name
+    slug = _UNSAFE_RUN.sub("_", name)[:_SLUG].strip("._-+") or "metric"
+    digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{slug}-{digest}"
+
+
+def file_names(names: Iterable[str], suffix: str = ".png") -> dict[str, str]:
+    """``name -> file name`` for each of ``names``, distinct from each other without regard to case."""
+    used: set[str] = set()
+    out: dict[str, str] = {}
+    for name in names:
+        stem = file_stem(name)
+        candidate, n = stem + suffix, 2
+        while candidate.lower() in used:
+            candidate, n = f"{stem}-{n}{suffix}", n + 1
+        used.add(candidate.lower())
+        out[name] = candidate
+    return out
+
+
+def report_folder(out_dir: str | os.PathLike[str] | SafeFolder, named_by_user: bool) -> SafeFolder:
+    """The folder a report writes into, created if needed. One the user named (``--out``) is used as named; the
+    default one inside a run (``RUN/report``) is refused when it is a symbolic link, since a link there was put
+    by whoever could write into the run, not chosen by the user. ``out_dir`` may already be an open folder."""
+    if isinstance(out_dir, SafeFolder):
+        return out_dir
+    return SafeFolder(Path(out_dir), strict=not named_by_user, what="the report")
+
+
+__all__ = ["file_names", "file_stem", "report_folder"]
