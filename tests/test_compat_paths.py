@@ -182,3 +182,14 @@ def test_loaders_carry_total_batch_size_as_accelerates_do(tmp_path):
                       eval_dataset=RegressionDataset())
     assert trainer.get_train_dataloader().total_batch_size == 4  # per step of the loader, not per optimizer step
     assert trainer.get_eval_dataloader().total_batch_size == 8
+
+
+@pytest.mark.parametrize("package", ["trainwell", "trainwell.args", "trainwell.optim", "trainwell.integrations",
+                                     "trainwell.trainer_utils", "trainwell.trainer_pt_utils", "trainwell.optimization",
+                                     "trainwell.trainer_callback", "trainwell.hf_argparser", "trainwell.debug_utils"])
+def test_every_lazy_export_resolves(package):
+    """Each name a package exports lazily is found in the module it names (trainwell.args.ALIASES was not)."""
+    module = importlib.import_module(package)
+    for name in dir(module):
+        if not name.startswith("_"):
+            getattr(module, name)  # an AttributeError names the package and the name

@@ -15,8 +15,8 @@ _EXPORTS: dict[str, str] = {
     "HfArgumentParser": "trainwell.args.parser",
     "string_to_bool": "trainwell.args.parser",
     "KNOWN_REPORT_TO": "trainwell.args.normalize",
-    "ALIASES": "trainwell.args.normalize",
-    "Alias": "trainwell.args.normalize",
+    "ALIASES": "trainwell.args.aliases",
+    "Alias": "trainwell.args.aliases",
     "validate_args": "trainwell.args.validate",
     "check_supported": "trainwell.args.support",
 }
