@@ -183,3 +183,13 @@ def test_sigterm_saves_a_jit_checkpoint_that_rotation_keeps_and_that_resumes_exa
     full = _two_ranks(runs)
     assert resumed["last_step"] == 6
     assert resumed["params"] == full["params"] and resumed["losses"] == full["losses"]
+
+
+def test_bf16_under_fsdp2_casts_the_sharded_parameters_once_per_step(runs):
+    """bf16 reaches FSDP2 as its MixedPrecisionPolicy (parameters gathered in bf16, as a hand-written FSDP2 loop
+    does), not only as autocast over float32 shards, which would cast every weight at every use."""
+    result = runs("fsdp1-bf16", 1, *FSDP, "--bf16")
+    assert result["sharded_params"]
+    assert result["mp_policy"] == {"param_dtype": "torch.bfloat16", "reduce_dtype": "torch.bfloat16",
+                                   "output_dtype": "torch.bfloat16"}
+    assert all(loss == float(torch.tensor(loss, dtype=torch.bfloat16)) for loss in result["losses"])

@@ -95,6 +95,15 @@ def die_in_save(step: int, rank: int, when: str) -> None:
     sharded.save_optimizer_shards = dying
 
 
+def _mixed_precision_policy(model) -> dict | None:
+    """The dtypes of the root FSDP2 module's MixedPrecisionPolicy (None outside FSDP2)."""
+    state = getattr(model, "_get_fsdp_state", None)
+    if state is None:
+        return None
+    policy = state()._mp_policy
+    return {name: str(getattr(policy, name)) for name in ("param_dtype", "reduce_dtype", "output_dtype")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     engine_flags.add_flags(parser)
@@ -104,6 +113,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch_compile with the eager backend")
     parser.add_argument("--fsdp-config", default="{}", help="JSON merged into the fsdp_config")
     parser.add_argument("--die-in-save", default=None, help="STEP:RANK:before|after (see die_in_save)")
+    parser.add_argument("--bf16", action="store_true")
     cli = parser.parse_args()
     if cli.fsdp_on_cpu:
         install_fsdp_on_cpu_patch()
@@ -117,7 +127,7 @@ def main() -> None:
                    **json.loads(cli.fsdp_config)}
     fsdp = {"fsdp": True, "fsdp_config": fsdp_config} if cli.fsdp else {}
     args = TrainingArguments(use_cpu=True, torch_compile_backend="eager" if cli.compile else None, **fsdp,
-                             **engine_flags.arguments(cli))
+                             bf16=cli.bf16, **engine_flags.arguments(cli))
     data = ClassificationDataset(n=96)
     trainer = Trainer(model=Net(), args=args, train_dataset=data, eval_dataset=data if cli.best else None,
                       callbacks=engine_flags.callbacks(cli))
@@ -142,6 +152,8 @@ def main() -> None:
                 "compiled": hasattr(trainer.model_wrapped, "_orig_mod"),
                 "best_step": trainer.state.best_global_step,
                 "last_step": trainer.state.global_step,
+                "mp_policy": _mixed_precision_policy(trainer.model),
+                "autocast_forward": hasattr(trainer.model, "_original_forward"),
                 "checkpointed_layers": sum(hasattr(m, "_checkpoint_wrapped_module") for m in trainer.model.modules()),
             }, fh)
 
