@@ -126,3 +126,16 @@ def test_trainer_applies_log_level_and_disable_tqdm(out_dir, monkeypatch, capsys
     assert "PrinterCallback" in names and "ProgressCallback" not in names
     trainer.train()
     assert "'loss'" in capsys.readouterr().out
+
+
+def test_bar_shows_the_window_throughput_and_mfu_of_log_throughput():
+    progress = ProgressCallback(stream=FakeTerminal())
+    args, state, control = make_args("o"), TrainerState(max_steps=10), TrainerControl()
+    progress.on_train_begin(args, state, control)
+    state.global_step = 2
+    progress.on_step_end(args, state, control)
+    progress.on_log(args, state, control, logs={"loss": 0.5, "train_tokens_per_second": 1.0,
+                                                "tokens_per_second": 98765.0, "mfu": 0.4213})
+    postfix = progress.training_bar.postfix
+    assert "tok/s=9.876e+04" in postfix and "mfu=42.1%" in postfix
+    progress.on_train_end(args, state, control)

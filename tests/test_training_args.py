@@ -173,7 +173,8 @@ def make(**kwargs) -> TrainingArguments:
 
 
 # after the reference's, trainwell's own
-TRAINWELL_FIELDS: list[tuple[str, object]] = [("save_async", False), ("verify_checkpoint_checksums", True)]
+TRAINWELL_FIELDS: list[tuple[str, object]] = [("save_async", False), ("verify_checkpoint_checksums", True),
+                                               ("log_throughput", False)]
 
 
 def test_field_names_and_defaults_match_transformers_5_23():

@@ -55,7 +55,7 @@ LOG_LEVELS: dict[str, int] = {
 
 
 #: trainwell's own fields (after the reference's); ``to_dict`` writes them only when set
-TRAINWELL_ONLY = frozenset({"save_async", "verify_checkpoint_checksums"})
+TRAINWELL_ONLY = frozenset({"save_async", "verify_checkpoint_checksums", "log_throughput"})
 
 
 def _arg(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None, **meta: Any) -> Any:
@@ -303,6 +303,9 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
     verify_checkpoint_checksums: bool = _arg(True, "trainwell: on resume, compare every checkpoint file with the "
                                              "checksum its manifest recorded (reads each file once); False "
                                              "compares only their sizes (very large sharded checkpoints).")
+    log_throughput: bool = _arg(False, "trainwell: add tokens_per_second (over each log window, all processes) "
+                                "and, on a GPU of known peak in bf16/fp16, mfu (6 x non-embedding parameters x "
+                                "tokens/s over the peak) to each training log and the progress bar.")
 
     def __post_init__(self) -> None:
         normalize.normalize_args(self, AcceleratorConfig)

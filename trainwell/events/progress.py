@@ -281,8 +281,12 @@ class ProgressCallback(TrainerCallback):
             postfix["loss"] = f"{logs['loss']:.4g}"
         if isinstance(logs.get("learning_rate"), (int, float)):
             postfix["lr"] = f"{logs['learning_rate']:.3g}"
-        if isinstance(logs.get("train_tokens_per_second"), (int, float)):
-            postfix["tok/s"] = f"{logs['train_tokens_per_second']:.4g}"
+        window_rate = logs.get("tokens_per_second")  # log_throughput: this window's, where the other is cumulative
+        rate_key = "tokens_per_second" if isinstance(window_rate, (int, float)) else "train_tokens_per_second"
+        if isinstance(logs.get(rate_key), (int, float)):
+            postfix["tok/s"] = f"{logs[rate_key]:.4g}"
+            if isinstance(logs.get("mfu"), (int, float)):
+                postfix["mfu"] = f"{100 * logs['mfu']:.1f}%"
         else:
             rate = self.pace.rate()
             if rate:

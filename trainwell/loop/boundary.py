@@ -10,6 +10,7 @@ overrides are honoured.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,9 +60,13 @@ def maybe_log_save_evaluate(
             logs["grad_norm"] = grad_norm
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
+        throughput = getattr(hooks.training_run, "throughput", None)
+        if throughput is not None:
+            logs.update(throughput.take())
         tr_loss.last_logged_step = state.global_step
         hooks.store_flos()
         hooks.log(logs, start_time)
+    began = time.perf_counter()
     if hooks.control.should_evaluate:
         metrics = hooks._evaluate(trial, ignore_keys_for_eval)
         is_new_best = hooks._determine_best_metric(metrics, trial)
@@ -70,6 +75,9 @@ def maybe_log_save_evaluate(
     if hooks.control.should_save:
         hooks._save_checkpoint(model, trial)
         hooks.control = hooks.callback_handler.on_save(hooks.args, hooks.state, hooks.control)
+    throughput = getattr(hooks.training_run, "throughput", None)
+    if throughput is not None:
+        throughput.pause(time.perf_counter() - began)  # evaluating and saving is not training time
 
 
 def gather_loss_sum(runtime: Any, value: Any) -> float:

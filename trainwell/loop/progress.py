@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainwell.checkpoint.background import BackgroundWriter, HostStaging
+from trainwell.utils.throughput import ThroughputWindow, non_embedding_parameters, peak_flops
 
 if TYPE_CHECKING:
     from trainwell.checkpoint.resume import Resume
@@ -168,7 +169,9 @@ class TrainingRun:
         self.losses = LossTracker(device, args.logging_nan_inf_filter, last_logged_step=state.global_step)
         self.tokens_pending: Any = 0
         self.token_mode = args.include_num_input_tokens_seen
-        self.counts_tokens = self.token_mode != "no"
+        #: ``log_throughput``: tokens (from shapes, no kernel) and training time of the log window in progress
+        self.throughput = _throughput_window(hooks) if args.log_throughput else None
+        self.counts_tokens = self.token_mode != "no" or self.throughput is not None
         self.main_input = hooks.model_info.main_input_name
         optimizer = getattr(hooks.optimizer, "optimizer", hooks.optimizer)
         #: schedule-free optimizers keep separate train/eval weights: ``train()``/``eval()`` switch them
@@ -181,6 +184,10 @@ class TrainingRun:
         """Add one micro-batch's input tokens (``include_num_input_tokens_seen``) to the pending count."""
         main = inputs.get(self.main_input) if isinstance(inputs, Mapping) else None
         if not isinstance(main, torch.Tensor):
+            return
+        if self.throughput is not None:
+            self.throughput.add(main.numel())
+        if self.token_mode == "no":
             return
         mask = inputs.get("attention_mask")
         if self.token_mode == "non_padding" and isinstance(mask, torch.Tensor):
@@ -196,6 +203,13 @@ class TrainingRun:
             total = torch.as_tensor(pending, device=runtime.device).reshape(())
             hooks.state.num_input_tokens_seen += int(runtime.reduce_data_sum(total).item())
             self.tokens_pending = 0
+
+
+def _throughput_window(hooks: TrainerHooks) -> ThroughputWindow:
+    runtime = hooks.runtime
+    peak = peak_flops(runtime.device, runtime.precision.mode)
+    return ThroughputWindow(non_embedding_parameters(hooks.model), peak, runtime.data_parallel_size,
+                            runtime.model_parallel_size)
 
 
 def has_train_eval_modes(optimizer: Any) -> bool:
