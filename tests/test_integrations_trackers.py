@@ -548,3 +548,23 @@ def test_kubeflow_keeps_training_when_the_controller_is_away(out_dir, tmp_path, 
     monkeypatch.delenv("KUBEFLOW_TRAINER_SERVER_URL")
     with pytest.raises(RuntimeError, match="KUBEFLOW_TRAINER_SERVER_URL"):
         KubeflowCallback()
+
+
+def test_neptune_last_checkpoint_replaces_the_previous_upload(out_dir, tmp_path, monkeypatch):
+    pytest.importorskip("neptune", reason="neptune is not installed (pip install neptune)")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NEPTUNE_MODE", "offline")
+    monkeypatch.setenv("NEPTUNE_PROJECT", "trainwell/tests")
+    from trainwell.integrations.neptune import NeptuneCallback
+
+    callback = NeptuneCallback(log_checkpoints="last", capture_hardware_metrics=False, capture_stdout=False,
+                               capture_stderr=False, capture_traceback=False)  # fmt: skip
+    _train(out_dir, callbacks=[callback], save_strategy="steps", save_steps=3, save_total_limit=1)
+    (folder,) = glob.glob(str(tmp_path / ".neptune" / "offline" / "run__*"))
+    ops = [op for op in _neptune_operations(folder) if op.path == ["finetuning", "checkpoints", "last"]]
+    kinds = [type(op).__name__ for op in ops]
+    assert kinds == ["UploadFileSet", "UploadFileSet", "DeleteFiles"]
+    uploaded = [os.path.basename(op.file_globs[0]) for op in ops[:2]]
+    assert uploaded == ["checkpoint-3", "checkpoint-6"]  # copies: rotation deleted checkpoint-3 meanwhile
+    assert [os.path.basename(p) for p in ops[2].file_paths] == ["checkpoint-3"]
+    assert not os.path.exists(os.path.dirname(ops[0].file_globs[0]))  # the copies are removed after the run
