@@ -16,6 +16,16 @@ NEEDS_REFERENCE = pytest.mark.skipif(importlib.util.find_spec("transformers") is
                                      reason="transformers is not installed")
 
 
+# The other trackers' callbacks and the reference's availability checks for them (tests/test_integrations_trackers.py).
+TRACKER_NAMES = (
+    "CometCallback", "ClearMLCallback", "NeptuneCallback", "DVCLiveCallback", "CodeCarbonCallback",
+    "SwanLabCallback", "AzureMLCallback", "DagsHubCallback", "FlyteCallback", "KubeflowCallback",
+    "get_available_reporting_integrations", "is_comet_available", "is_clearml_available", "is_neptune_available",
+    "is_dvclive_available", "is_codecarbon_available", "is_swanlab_available", "is_azureml_available",
+    "is_dagshub_available", "is_flytekit_available", "is_kubeflow_available",
+)
+
+
 def _offered():
     for path in PATHS:
         module = importlib.import_module(f"trainwell.{path}")
@@ -27,7 +37,7 @@ def _offered():
                  "get_reporting_integration_callbacks", "is_tensorboard_available", "is_mlflow_available",
                  "is_wandb_available", "is_trackio_available", "is_deepspeed_available", "is_deepspeed_zero3_enabled",
                  "is_optuna_available", "is_ray_available", "is_ray_tune_available", "hp_params",
-                 "run_hp_search_optuna"):
+                 "run_hp_search_optuna", *TRACKER_NAMES):
         yield "integrations", name
     yield "trainer_seq2seq", "Seq2SeqTrainer"
     yield "training_args_seq2seq", "Seq2SeqTrainingArguments"

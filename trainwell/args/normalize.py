@@ -20,7 +20,7 @@ import warnings
 from typing import Any
 
 from trainwell.args.fsdp import normalize_fsdp
-from trainwell.integrations import TRACKERS
+from trainwell.integrations import TRACKERS, kubeflow_enabled
 from trainwell.outputs import HubStrategy, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
 from trainwell.utils.errors import choice_error, did_you_mean
 
@@ -172,9 +172,9 @@ def resolve_checkpointing(args: Any) -> None:
 
 
 def available_report_to() -> list[str]:
-    """The third-party trackers whose package is installed (as with the reference, "all" means the installed
-    integrations; the built-in jsonl/csv loggers are asked for by name). Uses ``find_spec``: nothing is imported."""
-    return [name for name, tracker in TRACKERS.items() if tracker.packages and tracker.installed()]
+    """The trackers ``"all"`` stands for: as with the reference, the installed integrations, with its exceptions
+    (see ``Tracker.in_all``); the built-in jsonl/csv loggers are asked for by name. Nothing is imported."""
+    return [name for name, tracker in TRACKERS.items() if tracker.picked_by_all()]
 
 
 def normalize_report_to(value: Any) -> list[str]:
@@ -190,7 +190,7 @@ def normalize_report_to(value: Any) -> list[str]:
             "ones) or 'none'."
         ) from None
     if names in ([None], ["none"], []):
-        return []
+        return _with_kubeflow([])
     if "none" in names:
         raise ValueError(f"report_to={value!r} asks for 'none' and for trackers: pass 'none' alone, or the trackers.")
     if "all" in names:  # "all" next to names: the installed trackers plus those (e.g. ["all", "jsonl"])
@@ -202,7 +202,13 @@ def normalize_report_to(value: Any) -> list[str]:
                 f"{', '.join(map(repr, KNOWN_REPORT_TO))}, 'all' (the installed ones) or 'none'."
                 + did_you_mean(name, KNOWN_REPORT_TO)
             )
-    return list(dict.fromkeys(names))
+    return _with_kubeflow(list(dict.fromkeys(names)))
+
+
+def _with_kubeflow(names: list[str]) -> list[str]:
+    """Inside a Kubeflow TrainJob the reference always reports progress to its controller, whatever report_to
+    says (``DISABLE_KUBEFLOW_INTEGRATION=true`` turns that off); so does trainwell."""
+    return names + ["kubeflow"] if kubeflow_enabled() and "kubeflow" not in names else names
 
 
 # --- numbers given as strings -----------------------------------------------------------------------------------
