@@ -1,0 +1,597 @@
+"""A damaged, foreign or hostile checkpoint, a shared or a read-only output folder: is the user told before a step?
+
+One seeded run of ``reliability_common.WideMLP`` (batch 16, 8 steps, a checkpoint every 2 steps) is the
+uninterrupted run. For each case, a copy of its output folder keeps ``checkpoint-2`` and ``checkpoint-4`` (so that
+``checkpoint-4`` is the newest), one thing in ``checkpoint-4`` is changed, and the run is resumed to step 8, once
+with ``resume_from_checkpoint=<checkpoint-4>`` and once with ``resume_from_checkpoint=True``:
+
+1. ``model.safetensors``: the low byte of 64 float32 values flipped (bit rot: the length and header intact);
+2. ``optimizer.pt`` of a model whose weights have the transposed shapes (same parameters, same sizes);
+3. ``optimizer.pt`` of a smaller model with as many parameters (32 -> 16 -> 16 -> 8);
+4. ``trainer_state.json``'s ``global_step`` set to 100 (past ``max_steps``), 2 (behind the weights), 6 (ahead), -3;
+5. ``global_step`` a string, a float, null, 1e300; ``log_history`` a string;
+6. a crafted ``pytorch_model_fsdp_0/.metadata`` or ``optimizer_0/.metadata`` (a pickle calling ``os.system`` to
+   create a marker file), beside the normal files or instead of them (one process, no FSDP);
+7. an AdamW checkpoint resumed with ``optim="sgd"`` (nothing changed in the folder).
+
+Then two runs on one ``output_dir`` (8: two processes started at the same instant, seeds 7 and 8, a checkpoint
+every step, ``--tries`` times; each checkpoint's weights and optimizer state are matched against solo runs of each
+seed: whose it is, or mixed), and a
+read-only ``output_dir`` (9: the undamaged ``checkpoint-4`` resumed in a folder made read-only with ``chmod -R
+a-w``; root writes through permissions, so a child run as root first gives up CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+and CAP_FOWNER, and checks that it cannot write there; when it can, the case says "not measurable as root").
+
+Each outcome is one of: ``clear error before any step`` (an exception before the first step that is not a raw
+``TypeError``/``AttributeError``/``KeyError``/...; its type and first line are printed), ``fell back to
+checkpoint-K with a warning`` (``True`` resumed an older checkpoint, and the final weights are compared with the
+uninterrupted run: ``verified`` when bit-equal), ``resumed, bit-equal`` (the change was not read), ``resumed
+silently`` (the run ended on the damaged state: its final weights differ from the uninterrupted run's; ``with a
+warning`` when one named a checkpoint), ``<Error> in step K`` / ``after step K`` (any other exception once training
+began; "after": while saving or logging), ``crash`` (a raw ``TypeError``/``AttributeError``/``KeyError``/..., or a
+signal such as SIGSEGV: a negative return code, with glibc's heap message if it printed one), ``code ran`` (the
+marker file exists), ``hang`` (no end in 300 s).
+
+trainwell writes a manifest of checksums into each checkpoint; the reference does not. So trainwell runs each case
+twice: on its checkpoints as written, and with ``checkpoint_manifest.json`` removed from every checkpoint (as in a
+checkpoint written by the reference, or edited together with its manifest), which exercises the checks behind
+the manifest. Each library runs in a fresh interpreter, each training run in a process forked from it (a crash
+or a signal ends only that process).
+
+    .venv/bin/python benchmarks/reliability_damaged.py [--tries 5] [--library trainwell|transformers|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import pickle
+import re
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reliability_bad_input import recorded  # noqa: E402
+from reliability_common import (  # noqa: E402
+    Blobs,
+    Forked,
+    WideMLP,
+    add_library_flag,
+    answer,
+    checkpoint_dirs,
+    checkpoint_problem,
+    compare,
+    load,
+    print_table,
+    run_controller,
+    selected,
+    training_args,
+    weights,
+)
+
+STEPS, SAVE_STEPS, DAMAGED = 8, 2, 4
+RAW = {"TypeError", "AttributeError", "KeyError", "IndexError", "ZeroDivisionError", "UnboundLocalError",
+       "NameError", "AssertionError", "OverflowError", "RecursionError"}
+TIMEOUT_S = 300
+MANIFEST = "checkpoint_manifest.json"
+
+
+# ------------------------------------------------------------------------------------------------ foreign models
+class TLinear(nn.Module):
+    """A linear layer keeping its weight as (in, out): ``nn.Linear``'s sizes, the transposed shape."""
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d_in, d_out) * d_in**-0.5)
+        self.bias = nn.Parameter(torch.zeros(d_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight + self.bias
+
+
+class TransposedMLP(WideMLP):
+    """WideMLP's six parameters, in its order and sizes; the weights (768, 32) and (8, 768) transposed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(TLinear(32, 768), nn.ReLU(), nn.Dropout(0.1), TLinear(768, 768), nn.ReLU(),
+                                 TLinear(768, 8))
+
+
+MODELS = {"wide": WideMLP, "transposed": TransposedMLP, "small": lambda: WideMLP(hidden=16)}
+
+
+# ------------------------------------------------------------------------------------------------ one run (a child)
+def _write_json(path: str, obj: dict) -> None:
+    with open(path + ".part", "w") as fh:
+        json.dump(obj, fh)
+    os.replace(path + ".part", path)
+
+
+def _drop_dac_capabilities() -> None:
+    """Root without CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER: file permissions apply to it as to any
+    owner, so a ``chmod a-w`` folder cannot be written (it still reads what root owns, the interpreter included).
+    Raises OSError when the kernel refuses."""
+    import ctypes
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget failed")
+    drop = ~((1 << 1) | (1 << 2) | (1 << 3))  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
+    data[0].effective &= drop
+    data[0].permitted &= drop
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def run_child(job: dict) -> None:
+    """One training run in a forked child: what happened goes to ``job['status']`` (JSON) as it happens, the final
+    weights to ``job['result']``; stdout and stderr (glibc's heap messages too) to ``job['log']``."""
+    log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.environ["LIBC_FATAL_STDERR_"] = "1"  # glibc's "malloc(): corrupted ..." to stderr, not the terminal
+    info = {"phase": "construction", "start_step": None, "first_step": None, "steps": 0, "warnings": []}
+    if job.get("unprivileged"):
+        _drop_dac_capabilities()
+    if job.get("probe"):  # a read-only folder: check that this process really cannot write it
+        try:
+            open(os.path.join(job["out"], ".probe"), "w").close()
+            os.remove(os.path.join(job["out"], ".probe"))
+            info["writable"] = True
+            _write_json(job["status"], info)
+            return
+        except OSError:
+            pass
+    lib = load(job["library"])
+    logging.getLogger("trainwell").setLevel(logging.WARNING)
+    if job["library"] == "transformers":
+        sys.modules["transformers"].logging.set_verbosity_warning()
+
+    class Watch(lib.TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            info["start_step"] = state.global_step
+            info["phase"] = "train"
+            _write_json(job["status"], info)
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if info["first_step"] is None:
+                info["first_step"] = state.global_step
+            info["phase"] = "step"
+            _write_json(job["status"], info)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            info["steps"] += 1
+            info["phase"] = "between steps"  # saving, logging, evaluating
+            _write_json(job["status"], info)
+
+    if job.get("start_at"):  # two processes started at the same instant
+        time.sleep(max(0.0, job["start_at"] - time.time()))
+    with recorded() as seen:
+        try:
+            torch.manual_seed(0)  # the initial weights of model_and_data()
+            model, data = MODELS[job.get("model", "wide")](), Blobs()
+            args = training_args(lib, job["out"], **{"max_steps": STEPS, "save_strategy": "steps", **job["overrides"]})
+            trainer = lib.Trainer(model=model, args=args, train_dataset=data, callbacks=[Watch()])
+            info["phase"] = "train()"
+            trainer.train(resume_from_checkpoint=job["resume"])
+            torch.save(weights(trainer.model), job["result"])
+            info["done"] = True
+        except Exception as err:  # noqa: BLE001 - classifying every failure is the point
+            info["error"] = {"type": type(err).__name__, "line": (str(err).splitlines() or [""])[0][:400]}
+        info["warnings"] = [m[:400] for m in seen()][:30]
+    _write_json(job["status"], info)
+
+
+# ------------------------------------------------------------------------------------------------ the controller
+class Lab:
+    """One library's runs, forked from its controller (the library imported once)."""
+
+    def __init__(self, library: str) -> None:
+        self.library = library
+        self.work = Path(tempfile.mkdtemp(prefix=f"reliability-damaged-{library}-"))
+        self.io = self.work / "io"  # each child's status, log and final weights
+        self.io.mkdir()
+        self.count = 0
+        self.foreign: dict[str, Path] = {}
+
+    def start(self, out: Path, resume=None, **job) -> tuple[Forked, dict]:
+        self.count += 1
+        name = f"run{self.count}"
+        job = {"library": self.library, "out": str(out), "resume": resume, "overrides": {"save_steps": SAVE_STEPS},
+               **{k: str(self.io / f"{name}{x}") for k, x in (("status", ".json"), ("result", ".pt"),
+                                                               ("log", ".log"))}, **job}
+        return Forked(run_child, job), job
+
+    def finish(self, handle: Forked, job: dict) -> dict:
+        """The child's status, return code, the tail of its log and its final weights (None when it ended none)."""
+        deadline = time.monotonic() + TIMEOUT_S
+        while handle.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        hang = handle.poll() is None
+        if hang:
+            handle.kill(signal.SIGKILL)
+        rc = handle.wait()
+        try:
+            info = json.loads(Path(job["status"]).read_text())
+        except (OSError, ValueError):
+            info = {}
+        log = Path(job["log"]).read_text(errors="replace")[-3000:] if os.path.exists(job["log"]) else ""
+        result = torch.load(job["result"]) if info.get("done") else None
+        return {"rc": rc, "hang": hang, "info": info, "log": log, "weights": result}
+
+    def run(self, out: Path, resume=None, **job) -> dict:
+        return self.finish(*self.start(out, resume, **job))
+
+    def baseline(self) -> None:
+        """The uninterrupted run: its checkpoints are the cases' material, its weights the reference answer."""
+        self.base = self.work / "base"
+        done = self.run(self.base)
+        if done["weights"] is None:
+            raise RuntimeError(f"the uninterrupted run failed: {done['info']} {done['log'][-2000:]}")
+        self.base_weights = done["weights"]
+
+    def foreign_optimizer(self, kind: str) -> Path:
+        """``optimizer.pt`` of a 2-step run of another model (``transposed`` or ``small``), saved by this library."""
+        if kind not in self.foreign:
+            out = self.work / f"foreign-{kind}"
+            done = self.run(out, model=kind, overrides={"save_steps": 2, "max_steps": 2})
+            if done["weights"] is None:
+                raise RuntimeError(f"the {kind} model's run failed: {done['info']} {done['log'][-2000:]}")
+            self.foreign[kind] = out / "checkpoint-2" / "optimizer.pt"
+        return self.foreign[kind]
+
+    def copy(self, name: str, manifest: bool) -> Path:
+        """A copy of the uninterrupted run's folder with checkpoint-2 and checkpoint-4 only."""
+        out = self.work / name / "out"
+        shutil.copytree(self.base, out)
+        for step, path in checkpoint_dirs(out):
+            if step > DAMAGED:
+                shutil.rmtree(path)
+            elif not manifest:
+                (path / MANIFEST).unlink(missing_ok=True)
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ the damage
+def flip_bytes(ckpt: Path, lab: Lab) -> None:
+    """The low (mantissa) byte of 64 float32 values in the middle of the data flipped: small, finite changes."""
+    path = ckpt / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # the header is padded to 8 bytes: values stay aligned
+    middle = start + (len(data) - start) // 2 // 4 * 4
+    for i in range(middle, middle + 256, 4):
+        data[i] ^= 0xFF
+    path.write_bytes(data)
+
+
+def foreign(kind: str):
+    def damage(ckpt: Path, lab: Lab) -> None:
+        shutil.copyfile(lab.foreign_optimizer(kind), ckpt / "optimizer.pt")
+
+    return damage
+
+
+def edit_state(**fields):
+    def damage(ckpt: Path, lab: Lab) -> None:
+        path = ckpt / "trainer_state.json"
+        state = json.loads(path.read_text())
+        state.update(fields)
+        path.write_text(json.dumps(state, indent=2))
+
+    return damage
+
+
+class Payload:
+    """Unpickling this runs ``touch marker``."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(self.marker)}",)
+
+
+def plant(folder: str, keep_normal: bool):
+    def damage(ckpt: Path, lab: Lab) -> None:
+        (ckpt / folder).mkdir()
+        (ckpt / folder / ".metadata").write_bytes(pickle.dumps(Payload(str(ckpt.parent.parent / "CODE_RAN"))))
+        if not keep_normal:
+            (ckpt / ("model.safetensors" if folder == "pytorch_model_fsdp_0" else "optimizer.pt")).unlink()
+
+    return damage
+
+
+def _no_change(ckpt: Path, lab: Lab) -> None:
+    pass
+
+
+STATE = "4. trainer_state.json global_step"
+TYPES = "5. trainer_state.json field types"
+SHARDS = "6. crafted DCP .metadata"
+CASES = [  # (group, case, damage, overrides)
+    ("1. model.safetensors bytes flipped", "64 low bytes flipped", flip_bytes, {}),
+    ("2. optimizer.pt of another shape", "weights transposed, same sizes", foreign("transposed"), {}),
+    ("3. optimizer.pt of a smaller model", "32-16-16-8, as many parameters", foreign("small"), {}),
+    *[(STATE, f"global_step={v}", edit_state(global_step=v), {}) for v in (100, 2, 6, -3)],
+    *[(TYPES, f"global_step={v!r}", edit_state(global_step=v), {}) for v in ("4", 4.0, None, 1e300)],
+    (TYPES, "log_history='lost'", edit_state(log_history="lost"), {}),
+    *[(SHARDS, f"{folder}/ {where}", plant(folder, keep), {}) for folder in ("pytorch_model_fsdp_0", "optimizer_0")
+      for keep, where in ((True, "beside the normal files"), (False, "instead of them"))],
+    ("7. AdamW checkpoint, optim='sgd'", "nothing changed", _no_change, {"optim": "sgd"}),
+]
+
+
+# ------------------------------------------------------------------------------------------------ classifying
+def _short(text: str, work: Path) -> str:
+    return text.replace(str(work) + os.sep, "").replace(str(work), "<tmp>")
+
+
+def _first_line(err: dict, work: Path) -> str:
+    return _short(f"{err['type']}: {err['line']}", work)
+
+
+def _where(info: dict) -> str:
+    """Where in the run a failure happened: before any step, in step K, or after step K (saving, logging)."""
+    if info.get("first_step") is None:
+        return "before any step"
+    last = info["first_step"] + info.get("steps", 0)
+    return f"in step {last + 1}" if info.get("phase") == "step" else f"after step {last}"
+
+
+def classify(done: dict, lab: Lab, marker: Path | None = None) -> tuple[str, str]:
+    """(category, detail) of one finished run resumed from the damaged ``checkpoint-4``."""
+    info, rc = done["info"], done["rc"]
+    if marker is not None and marker.exists():
+        return "code ran", f"{marker.name} created; exit code {rc}"
+    if done["hang"]:
+        return "hang", f"no end in {TIMEOUT_S} s"
+    if rc < 0:
+        heap = re.search(r"^.*(malloc|free\(\)|corrupted|double free).*$", done["log"], re.M)
+        return f"crash: {signal.Signals(-rc).name} {_where(info)}", heap.group(0).strip() if heap else ""
+    err = info.get("error")
+    if err is not None:
+        line, where = _first_line(err, lab.work), _where(info)
+        if err["type"] in RAW:
+            return f"crash: raw {err['type']} {where}", line
+        if where == "before any step":
+            return "clear error before any step", line
+        return f"{err['type']} {where}", line
+    if done["weights"] is None:
+        return f"crash: exit code {rc}", _short(done["log"].strip()[-300:], lab.work)
+    equal, diff = compare(done["weights"], lab.base_weights)
+    start = info.get("first_step") if info.get("first_step") is not None else info.get("start_step")
+    about = [w for w in info.get("warnings", []) if f"checkpoint-{DAMAGED}" in w or "checkpoint" in w.lower()]
+    said = f"; {_short(about[0], lab.work)}" if about else ""
+    outcome = "bit-equal" if equal else f"final weights differ by {diff:.1e}"
+    if isinstance(start, int) and start < DAMAGED and about:
+        verdict = "verified" if equal else "NOT equal"
+        return f"fell back to checkpoint-{start} with a warning, {verdict}", f"{outcome}{said}"
+    if equal:
+        return "resumed, bit-equal (the change was not read)", f"started at step {start!r}{said}"
+    kind = "resumed with a warning" if about else "resumed silently"
+    return f"{kind} ({outcome})", f"started at step {start!r}{said}"
+
+
+def checkpoint_cases(lab: Lab, manifest: bool) -> list[dict]:
+    rows = []
+    for index, (group, case, damage, overrides) in enumerate(CASES):
+        for mode in ("path", "True"):
+            out = lab.copy(f"{'m' if manifest else 'n'}{index}-{mode}", manifest)
+            ckpt = out / f"checkpoint-{DAMAGED}"
+            damage(ckpt, lab)
+            resume = str(ckpt) if mode == "path" else True
+            done = lab.run(out, resume, overrides={"save_steps": SAVE_STEPS, **overrides})
+            category, detail = classify(done, lab, out.parent / "CODE_RAN")
+            rows.append({"group": group, "case": case, "mode": mode, "category": category, "detail": detail})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ two writers
+def _moments(state: dict) -> dict[str, torch.Tensor]:
+    return {f"{i}.{k}": v for i, s in state["state"].items() for k, v in s.items() if isinstance(v, torch.Tensor)}
+
+
+def origin(ckpt: Path, solos: dict[str, Path]) -> str:
+    """Which solo run's checkpoint of the same step the folder's weights and optimizer state are: ``A``, ``B``,
+    ``mixed (...)``, or what is wrong with it."""
+    from safetensors.torch import load_file
+
+    problem = checkpoint_problem(ckpt)
+    if problem is not None:
+        return f"broken ({problem})"
+    model, moments = load_file(str(ckpt / "model.safetensors")), _moments(torch.load(ckpt / "optimizer.pt"))
+    same_weights, same_moments = set(), set()  # both sets can hold both runs: at step 1 the warmup's lr is 0
+    for tag, solo in solos.items():
+        ref = solo / ckpt.name
+        if compare(model, load_file(str(ref / "model.safetensors")))[0]:
+            same_weights.add(tag)
+        if compare(moments, _moments(torch.load(ref / "optimizer.pt")))[0]:
+            same_moments.add(tag)
+    both = sorted(same_weights & same_moments)
+    if len(both) == 1:
+        return both[0]
+    if both:
+        return "of either run (identical)"
+    show = lambda tags: " or ".join(sorted(tags)) or "neither run"  # noqa: E731
+    return f"mixed (weights of {show(same_weights)}, optimizer state of {show(same_moments)})"
+
+
+def writer_outcome(done: dict, lab: Lab) -> str:
+    info, err = done["info"], done["info"].get("error")
+    if done["rc"] < 0:
+        return f"crash: {signal.Signals(-done['rc']).name} {_where(info)}"
+    if err is not None:
+        where = "at construction" if info.get("phase") == "construction" else _where(info)
+        where = "in train(), before any step" if where == "before any step" else where
+        return f"{'crashed' if err['type'] in RAW else 'stopped'} {where}: {_first_line(err, lab.work)}"
+    return "ran to the end" if info.get("done") else f"exit code {done['rc']}"
+
+
+def two_writers(lab: Lab, tries: int) -> list[dict]:
+    """Two runs (seeds 7 and 8, a checkpoint every step) started at one instant on one output_dir, ``tries``
+    times: what each process did, and whose checkpoints the folder holds at the end."""
+    seeds, solos, solo_weights = {"A": 7, "B": 8}, {}, {}
+    for tag, seed in seeds.items():
+        solos[tag] = lab.work / f"solo-{tag}"
+        done = lab.run(solos[tag], overrides={"save_steps": 1, "seed": seed})
+        if done["weights"] is None:
+            raise RuntimeError(f"the solo run {tag} failed: {done['info']}")
+        solo_weights[tag] = done["weights"]
+    tries_out = []
+    for attempt in range(tries):
+        out = lab.work / f"shared-{attempt}" / "out"
+        start_at = time.time() + 2.0  # both children forked and waiting before either builds its Trainer
+        started = {tag: lab.start(out, overrides={"save_steps": 1, "seed": seed}, start_at=start_at)
+                   for tag, seed in seeds.items()}
+        dones = {tag: lab.finish(*handle) for tag, handle in started.items()}
+        outcomes = {tag: writer_outcome(done, lab) for tag, done in dones.items()}
+        for tag, done in dones.items():
+            if done["weights"] is not None:
+                equal, diff = compare(done["weights"], solo_weights[tag])
+                outcomes[tag] += ", final weights " + ("equal its solo run's" if equal else f"differ by {diff:.1e}")
+        origins = [origin(path, solos) for _, path in checkpoint_dirs(out)]
+        counts = {o: origins.count(o) for o in dict.fromkeys(origins)}
+        tries_out.append({"processes": outcomes, "checkpoints": counts})
+    return tries_out
+
+
+def writers_verdict(tries: list[dict]) -> str:
+    verdicts = []
+    for t in tries:
+        ran = [tag for tag, o in t["processes"].items() if o.startswith("ran to the end")]
+        stopped = [tag for tag, o in t["processes"].items() if re.match(r"stopped (at construction|in train\(\))", o)]
+        if len(ran) == 1 and len(stopped) == 1 and set(t["checkpoints"]) == set(ran):
+            verdicts.append("one stopped before any step, the other's checkpoints intact")
+        elif len(ran) == 2:
+            verdicts.append("both ran; the checkpoints: " + ", ".join(
+                f"{n} of run {o}" if o in ("A", "B") else f"{n} {o}" for o, n in t["checkpoints"].items()))
+        else:
+            verdicts.append("; ".join(f"{tag} {o}" for tag, o in t["processes"].items()))
+    return " | ".join(f"{v} (x{verdicts.count(v)})" for v in dict.fromkeys(verdicts))
+
+
+# ------------------------------------------------------------------------------------------------ read-only folder
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def _chmod_tree(folder: Path, dirs: int, files: int) -> None:
+    for path in [folder, *folder.rglob("*")]:
+        os.chmod(path, dirs if path.is_dir() else files)
+
+
+def read_only(lab: Lab) -> list[dict]:
+    """Resume an undamaged checkpoint-4 into an output_dir this process cannot write (``chmod -R a-w``); as root,
+    the child first gives up the capabilities that let root write through permissions. The child checks that it
+    really cannot write there: if it can, the case is "not measurable"."""
+    unprivileged = os.geteuid() == 0
+    rows = []
+    for mode in ("path", "True"):
+        out = lab.copy(f"ro-{mode}", manifest=True)
+        before = _snapshot(out)
+        _chmod_tree(out, 0o555, 0o444)
+        resume = str(out / f"checkpoint-{DAMAGED}") if mode == "path" else True
+        try:
+            done = lab.run(out, resume, unprivileged=unprivileged, probe=True)
+        finally:
+            _chmod_tree(out, 0o755, 0o644)
+        if done["info"].get("writable") or "capset failed" in done["log"] or "capget failed" in done["log"]:
+            rows.append({"mode": mode, "category": "not measurable as root",
+                         "detail": "the child could not give up root's right to write through permissions"})
+            continue
+        category, detail = classify(done, lab)
+        intact = "checkpoints intact" if _snapshot(out) == before else "the folder CHANGED"
+        rows.append({"mode": mode, "category": category, "detail": f"{detail}; {intact}"})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ the parent
+def controller(library: str, tries: int) -> dict:
+    torch.set_num_threads(1)
+    lib = load(library)  # imported once, before any fork
+    lab = Lab(library)
+    try:
+        lab.baseline()
+        columns = {library: checkpoint_cases(lab, manifest=True)}
+        if library == "trainwell":
+            columns["trainwell, manifest removed"] = checkpoint_cases(lab, manifest=False)
+        return {"version": lib.version, "columns": columns, "writers": two_writers(lab, tries),
+                "read_only": read_only(lab)}
+    finally:
+        shutil.rmtree(lab.work, ignore_errors=True)
+
+
+def report(results: dict[str, dict]) -> None:
+    columns = {name: rows for r in results.values() for name, rows in r["columns"].items()}
+    versions = {name: r["version"] for lib, r in results.items() for name in r["columns"] if name == lib}
+    names = list(columns)
+    first = columns[names[0]]
+    print(f"\n== checkpoint-4 of an {STEPS}-step run (a checkpoint every {SAVE_STEPS}) changed, then resumed to step "
+          f"{STEPS} (CPU, torch {torch.__version__}) ==")
+    table, group = [], None
+    for i, row in enumerate(first):
+        if row["group"] != group:
+            group = row["group"]
+            table.append((group, *[""] * len(names)))
+        table.append((f"  {row['case']} [{row['mode']}]", *[columns[n][i]["category"] for n in names]))
+    print_table(table, names, versions)
+    print("\nwhat each run said (" + " | ".join(names) + ")")
+    for i, row in enumerate(first):
+        print(f"  {row['case']} [{row['mode']}]")
+        for n in names:
+            print(f"    {n}: {columns[n][i]['detail'][:300]}")
+    print("\n== per case group: outcomes ==")
+    for group in dict.fromkeys(r["group"] for r in first):
+        for n in names:
+            cats = [re.sub(r" \(final weights differ by [^)]*\)", "", r["category"])  # counted without the number
+                    for r in columns[n] if r["group"] == group]
+            print(f"  {group} | {n}: " + "; ".join(f"{c} x{cats.count(c)}" for c in dict.fromkeys(cats)))
+    print("\n== 8. two runs started at one instant on one output_dir ==")
+    for lib, r in results.items():
+        print(f"  {lib}: {writers_verdict(r['writers'])}")
+        for t in r["writers"]:
+            print("    " + " | ".join(f"{tag}: {o[:160]}" for tag, o in t["processes"].items()) + " | checkpoints: "
+                  + ", ".join(f"{n} {o}" for o, n in t["checkpoints"].items()))
+    print("\n== 9. a read-only output_dir, resumed from checkpoint-4 ==")
+    for lib, r in results.items():
+        for row in r["read_only"]:
+            print(f"  {lib} [{row['mode']}]: {row['category']}: {row['detail'][:300]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_library_flag(parser)
+    parser.add_argument("--tries", type=int, default=5, help="two-writer races per library (case 8)")
+    parser.add_argument("--controller", action="store_true", help=argparse.SUPPRESS)
+    cli = parser.parse_args()
+    if cli.controller:
+        answer(controller(cli.library, cli.tries))
+        return
+    results = {}
+    for lib in selected(cli.library):
+        start = time.perf_counter()
+        results[lib] = run_controller(os.path.abspath(__file__), ["--controller", "--library", lib, "--tries",
+                                                                   str(cli.tries)])
+        print(f"{lib}: done in {time.perf_counter() - start:.0f} s", flush=True)
+    report(results)
+
+
+if __name__ == "__main__":
+    main()
