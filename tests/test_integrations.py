@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import struct
+import time
 
 import pytest
 
@@ -234,7 +235,12 @@ def test_wandb_offline_run_reads_back(out_dir, tmp_path, monkeypatch):
     wandb.finish()
     files = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert len(files) == 1
+    # wandb's service process may still be writing the file when finish() returns (seen on a loaded machine)
+    deadline = time.monotonic() + 30
     records = _wandb_records(files[0])
+    while not any(r.WhichOneof("record_type") == "run" for r in records) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        records = _wandb_records(files[0])
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert run.display_name == "unit-run" and run.project == "trainwell-tests"
     history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}

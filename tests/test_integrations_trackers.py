@@ -96,7 +96,7 @@ def test_all_follows_the_reference_rules(monkeypatch):
 
 
 def test_comet_config_file_counts_as_configured(monkeypatch, tmp_path):
-    from trainwell.integrations.comet import comet_configured
+    from trainwell.args.trackers import comet_configured
 
     for var in ("COMET_API_KEY", "COMET_MODE", "COMET_START_ONLINE"):
         monkeypatch.delenv(var, raising=False)

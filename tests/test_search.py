@@ -136,7 +136,8 @@ def test_an_interrupted_study_resumes_its_trial_from_the_checkpoint(tmp_path):
     code = _KILLED_SEARCH.format(root=root, out=str(tmp_path / "out"), storage=storage)
     killed = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert sorted(os.listdir(tmp_path / "out" / "run-0")) == ["checkpoint-10", "checkpoint-20"]
+    # the killed trial's lock file stays too (the kernel dropped its lock; the next run takes the file over)
+    assert sorted(os.listdir(tmp_path / "out" / "run-0")) == [".trainwell.lock", "checkpoint-10", "checkpoint-20"]
     space = {"learning_rate": [0.1]}
 
     counter = CountSteps()

@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainwell.utils.lazy import lazy_exports
-
-__version__ = "0.1.0"
+from trainwell.utils.version import __version__
 
 _EXPORTS: dict[str, str] = {
     # the facade

@@ -1,33 +1,23 @@
-"""Checking what the Trainer is given: its constructor's inputs, and what ``compute_metrics`` returns.
+"""Checking what the Trainer is given to its constructor.
 
 Owns the checks that must fail before any work, each error naming the parameter, its value (shortened) and the
 fix: ``args`` and ``optimizers`` (read first), the callables, the datasets, the callbacks, an optimizer that holds
-none of the model's parameters, a ``metric_for_best_model`` the evaluation cannot produce, and (at each
-evaluation) a ``compute_metrics`` result that is not a dict of numbers. ``trainwell.wiring`` builds the parts;
-this module only refuses or warns.
+none of the model's parameters, a ``metric_for_best_model`` the evaluation cannot produce. ``trainwell.wiring``
+builds the parts; this module only refuses or warns. What the loop checks at each evaluation (a
+``compute_metrics`` result that is not a dict of numbers) is ``trainwell.loop.metric_checks``'s.
 """
 
 from __future__ import annotations
 
-import inspect
-import numbers
 import os
 import warnings
-import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from trainwell.data import loaders
+from trainwell.loop.metric_checks import check_compute_metrics, checked_metrics, is_metric_number  # noqa: F401
 from trainwell.loop.plan import require_max_steps
-
-
-def short_repr(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` on one line, cut to ``limit`` characters (error messages name the value they refuse)."""
-    try:
-        text = " ".join(repr(value).split())
-    except Exception:  # a repr that fails is no reason to hide the real error
-        text = f"<{type(value).__name__} object>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+from trainwell.utils.errors import short_repr
 
 
 def check_early_inputs(args: Any, optimizers: Any) -> None:
@@ -315,87 +305,3 @@ def _check_callback(name: str, item: Any) -> None:
         "early_stopping_patience=3)) or a TrainerCallback subclass, which the Trainer instantiates "
         f"(got {cls.__name__})."
     )
-
-
-def check_compute_metrics(compute_metrics: Callable | None, batch_eval_metrics: bool) -> None:
-    """``compute_metrics`` is a function; with ``batch_eval_metrics`` it is called per batch and must accept
-    ``compute_result``."""
-    if compute_metrics is not None and not callable(compute_metrics):
-        raise TypeError(
-            f"compute_metrics={short_repr(compute_metrics)}: pass a function(eval_pred) that returns a dict of "
-            "metric name -> number, e.g. lambda p: {'accuracy': float((p.predictions.argmax(-1) == "
-            f"p.label_ids).mean())}}, or None (got {type(compute_metrics).__name__})."
-        )
-    if not batch_eval_metrics or compute_metrics is None:
-        return
-    try:
-        params = inspect.signature(compute_metrics).parameters
-    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
-        return
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if "compute_result" not in params and not takes_kwargs:
-        name = getattr(compute_metrics, "__qualname__", type(compute_metrics).__name__)
-        raise ValueError(
-            f"batch_eval_metrics=True calls compute_metrics once per batch as compute_metrics(eval_pred, "
-            f"compute_result=...), but {name} takes no compute_result argument. Add a compute_result parameter "
-            "(accumulate per batch; return the metrics when it is True), or set batch_eval_metrics=False."
-        )
-
-
-def is_metric_number(value: Any) -> bool:
-    """A number a best metric can be compared by: int, float, a numpy scalar, a 0-d tensor or array."""
-    if isinstance(value, numbers.Real):
-        return True
-    return callable(getattr(value, "item", None)) and getattr(value, "ndim", 1) == 0
-
-
-#: per compute_metrics function, the metrics already warned about (a value that is not a number)
-_WARNED_VALUES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def checked_metrics(result: Any, compute_metrics: Any) -> dict[str, Any]:
-    """What ``compute_metrics`` returned, as a dict with Python numbers; a TypeError naming the fix when it is not
-    a dict of metric name -> value, a warning (once per metric) for a value that is not a number."""
-    from trainwell.utils.metrics import to_python
-
-    fn = getattr(compute_metrics, "__qualname__", type(compute_metrics).__name__)
-    shown = f"compute_metrics ({fn}) returned {short_repr(result)}"
-    if not isinstance(result, Mapping):
-        hint = " (a missing return?)" if result is None else ""
-        if isinstance(result, tuple) and len(result) == 1 and isinstance(result[0], Mapping):
-            hint = " (a trailing comma after the dict?)"
-        raise TypeError(f"{shown}{hint}: it must return a dict of metric name -> number, e.g. "
-                        f"{{'accuracy': 0.91}} (got {type(result).__name__}).")
-    bad_key = next((key for key in result if not isinstance(key, str)), None)
-    if bad_key is not None:
-        raise TypeError(f"{shown}: its keys must be metric names (str), but {bad_key!r} is a "
-                        f"{type(bad_key).__name__}: return e.g. {{'accuracy': 0.91}}.")
-    metrics = to_python(dict(result))
-    for key, value in metrics.items():
-        if not _numeric(value) and _first_time(compute_metrics, key):
-            warnings.warn(
-                f"compute_metrics ({fn}) returned {key!r}: {short_repr(value, 60)}, which is not a number: trackers "
-                f"drop it and it cannot be metric_for_best_model. Return a number (e.g. {key!r}: 0.91), or leave "
-                "it out.", UserWarning, stacklevel=2,
-            )
-    return metrics
-
-
-def _first_time(compute_metrics: Any, key: str) -> bool:
-    try:
-        seen = _WARNED_VALUES.setdefault(compute_metrics, set())
-    except TypeError:  # not weak-referenceable: warn each time
-        return True
-    if key in seen:
-        return False
-    seen.add(key)
-    return True
-
-
-def _numeric(value: Any) -> bool:
-    """A number, or lists/dicts of numbers (kept, as the reference keeps them)."""
-    if isinstance(value, Mapping):
-        return all(_numeric(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return all(_numeric(v) for v in value)
-    return isinstance(value, numbers.Real)

@@ -39,7 +39,7 @@ from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module
     TRAINER_STATE_NAME,
     TRAINING_ARGS_NAME,
 )
-from trainwell.checkpoint.resume import Resume
+from trainwell.checkpoint.resume import Resume, last_usable_checkpoint
 from trainwell.data import loaders
 from trainwell.data.train_loader import build_train_feed
 from trainwell.events.callback import TrainerCallback
@@ -213,7 +213,7 @@ class Trainer:
             self.lr_scheduler = None  # built for the previous call's length: build it again for this one
         if self.args.activation_checkpointing:
             wiring.enable_activation_checkpointing(self.model, self.args.activation_checkpointing_kwargs)
-        with techniques.during_training(self), failures.stop_together(self):
+        with techniques.during_training(self), failures.stop_together(self, last_usable_checkpoint):
             resume = Resume.find(resume_from_checkpoint, self.args.output_dir, self.args.verify_checkpoint_checksums)
             if resume is not None:
                 resume.restore(self, contents.Phase.WEIGHTS)
@@ -398,14 +398,14 @@ class Trainer:
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
     ) -> dict[str, float]:
         """Evaluate and return metrics prefixed ``{metric_key_prefix}_``; a dict of datasets evaluates each."""
-        with self._memory_tracker.track("eval") as add_memory, failures.stop_together(self):
+        with self._memory_tracker.track("eval") as add_memory, failures.stop_together(self, last_usable_checkpoint):
             return add_memory(evaluation.evaluate(self, eval_dataset, ignore_keys, metric_key_prefix))
 
     def predict(
         self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
     ) -> PredictionOutput:
         """Predictions (in dataset order), label ids when present, and ``test_`` metrics."""
-        with self._memory_tracker.track("test") as add_memory, failures.stop_together(self):
+        with self._memory_tracker.track("test") as add_memory, failures.stop_together(self, last_usable_checkpoint):
             output = evaluation.predict(self, test_dataset, ignore_keys, metric_key_prefix)
             add_memory(output.metrics)
             return output

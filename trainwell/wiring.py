@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainwell.backend.runtime import RUNTIME_ATTRIBUTES, attach_runtime  # noqa: F401  (the Trainer's)
 from trainwell.checks import checked_callbacks, short_repr
 from trainwell.data import loaders
 from trainwell.utils import model as model_utils
@@ -153,7 +154,7 @@ def default_callbacks(args: Any, runtime: Any, user: list | None) -> list:
     """Flow, trackers of ``report_to``, the user's callbacks, progress display, and preemption saves."""
     from trainwell.events.flow import DefaultFlowCallback
     from trainwell.events.progress import PrinterCallback, ProgressCallback, apply_log_level
-    from trainwell.integrations import reporting_callbacks
+    from trainwell.integrations.registry import reporting_callbacks
 
     # Set before any callback is built, so trackers and the progress display log at the chosen level.
     user = checked_callbacks(user)
@@ -206,18 +207,3 @@ def set_reference_attributes(trainer: Any) -> None:
     trainer.neftune_noise_alpha = trainer.args.neftune_noise_alpha
     trainer.hub_model_id, trainer.push_in_progress = None, None  # set by init_hf_repo
     trainer._signature_columns = None  # the sample keys remove_unused_columns keeps, filled on first use
-
-
-# What attach_runtime builds: a process's own (Accelerate's process-wide state among it), never sent to another.
-RUNTIME_ATTRIBUTES = ("runtime", "precision", "accelerator", "gather_function")
-
-
-def attach_runtime(trainer: Any, model: Any = None) -> None:
-    """Build the Trainer's runtime (devices, Accelerate, precision) from its arguments: in ``__init__``, and again
-    in a process the Trainer was sent to without it (a Ray Tune worker). ``model``: the model given to the Trainer,
-    whose load-time tensor parallelism the runtime's device mesh must match."""
-    from trainwell.backend.runtime import Runtime
-
-    trainer.runtime = Runtime(trainer.args, model)
-    trainer.precision, trainer.accelerator = trainer.runtime.precision, trainer.runtime.accelerator
-    trainer.gather_function = trainer.accelerator.gather_for_metrics

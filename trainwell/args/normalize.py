@@ -20,7 +20,7 @@ import warnings
 from typing import Any
 
 from trainwell.args.fsdp import normalize_fsdp
-from trainwell.integrations import TRACKERS, kubeflow_enabled
+from trainwell.args.trackers import TRACKERS, kubeflow_enabled
 from trainwell.outputs import HubStrategy, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
 from trainwell.utils.errors import choice_error, did_you_mean
 

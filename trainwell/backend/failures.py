@@ -31,10 +31,13 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+#: ``output_dir -> the newest checkpoint a restart would resume from`` (None: none yet)
+NewestCheckpoint = Callable[[str], "str | None"]
 
 PREFIX = "trainwell/failure"
 # How long a survivor waits for the other survivors' notes while more than one process is silent. A process that
@@ -46,6 +49,7 @@ GRACE_SECONDS = 5.0  # how long it then lets this process stop on its own (a col
 # Functions on the stack -> what the process was doing (innermost match wins for the operation).
 _OPERATIONS = (
     ("gather_loss_sum", "averaging the logged loss over processes"),
+    ("mean_loss_sum", "averaging the logged loss over processes"),
     ("backward", "the backward pass (its gradient all-reduce)"),
     ("clip_grad_norm_", "clipping gradients (the norm over processes)"),
     ("save_model_shards", "writing the model's shards"),
@@ -90,13 +94,17 @@ _active = threading.local()  # the watchdog of the outermost block on this threa
 
 
 @contextlib.contextmanager
-def stop_together(trainer: Any) -> Iterator[None]:
-    """Run the block; in a multi-process run turn a lost peer into :class:`ProcessFailure` (module docstring)."""
+def stop_together(trainer: Any, newest_checkpoint: NewestCheckpoint) -> Iterator[None]:
+    """Run the block; in a multi-process run turn a lost peer into :class:`ProcessFailure` (module docstring).
+
+    ``newest_checkpoint(output_dir)`` names the checkpoint a restart would resume from (None: none yet), for the
+    error's advice; the checkpoint layer hands it in (this one sits below it).
+    """
     runtime = getattr(trainer, "runtime", None)
     distributed = runtime is not None and runtime.distributed and _initialized()
     watchdog = None
     if distributed and getattr(_active, "watchdog", None) is None:
-        watchdog = _active.watchdog = Watchdog.start_for(trainer)
+        watchdog = _active.watchdog = Watchdog.start_for(trainer, newest_checkpoint)
     try:
         yield
     except ProcessFailure:
@@ -105,7 +113,7 @@ def stop_together(trainer: Any) -> Iterator[None]:
         if not distributed:
             raise
         if is_communication_error(err):
-            raise _survivor_error(trainer, err) from err
+            raise _survivor_error(trainer, err, newest_checkpoint) from err
         if _should_leave(trainer, err):
             err._trainwell_left = True  # type: ignore[attr-defined]  # an enclosing block must not leave again
             _leave(runtime.process_index, err)
@@ -122,7 +130,7 @@ def _should_leave(trainer: Any, err: BaseException) -> bool:
     if not isinstance(err, Exception) or getattr(err, "_trainwell_left", False):
         return False
     if trainer.args.auto_find_batch_size:
-        from trainwell.techniques.batch_size import is_out_of_memory
+        from trainwell.utils.batch_size import is_out_of_memory
 
         return not is_out_of_memory(err)
     return True
@@ -182,15 +190,16 @@ def _notes(rank: int, world: int, doing: str) -> tuple[list[int], dict[int, str]
         return None
 
 
-def _survivor_error(trainer: Any, err: BaseException) -> ProcessFailure:
+def _survivor_error(trainer: Any, err: BaseException, newest_checkpoint: NewestCheckpoint) -> ProcessFailure:
     runtime = trainer.runtime
     doing = describe_operation(err.__traceback__, trainer.state.global_step)
     notes = _notes(runtime.process_index, runtime.num_processes, doing)
     cause = f"the communication error was: {str(err).strip()[:300]}"
-    return ProcessFailure(_message(trainer, notes, doing, cause))
+    return ProcessFailure(_message(trainer, notes, doing, cause, newest_checkpoint))
 
 
-def _message(trainer: Any, notes: tuple[list[int], dict[int, str]] | None, doing: str, cause: str) -> str:
+def _message(trainer: Any, notes: tuple[list[int], dict[int, str]] | None, doing: str, cause: str,
+             newest_checkpoint: NewestCheckpoint) -> str:
     """Which processes stopped (and how), what this one was doing, and where the run can resume from."""
     rank, world = trainer.runtime.process_index, trainer.runtime.num_processes
     parts = []
@@ -203,7 +212,7 @@ def _message(trainer: Any, notes: tuple[list[int], dict[int, str]] | None, doing
                          "(killed: out of memory, a signal, a crash?) or stopped responding")
     who = "; ".join(parts) if parts else "another process of this run stopped"
     return (f"{who[0].upper()}{who[1:]} while process {rank} of {world} was {doing}; process {rank} stops too. "
-            f"{_resume_hint(trainer)} ({cause})")
+            f"{_resume_hint(trainer.args.output_dir, newest_checkpoint)} ({cause})")
 
 
 def _names_from_traceback(tb: Any) -> list[str]:
@@ -237,12 +246,9 @@ def describe(names: list[str], global_step: int) -> str:
     return operation or phase or f"in {names[-1] if names else 'a collective'}"
 
 
-def _resume_hint(trainer: Any) -> str:
-    from trainwell.checkpoint.resume import last_usable_checkpoint
-
-    output_dir = trainer.args.output_dir
+def _resume_hint(output_dir: str, newest_checkpoint: NewestCheckpoint) -> str:
     try:
-        checkpoint = last_usable_checkpoint(output_dir)
+        checkpoint = newest_checkpoint(output_dir)
     except Exception:
         checkpoint = None
     if checkpoint is None:
@@ -254,14 +260,15 @@ def _resume_hint(trainer: Any) -> str:
 class Watchdog(threading.Thread):
     """Ends this process when another one failed and left its sockets open (see the module docstring)."""
 
-    def __init__(self, trainer: Any, store: Any, baseline: int) -> None:
+    def __init__(self, trainer: Any, store: Any, baseline: int, newest_checkpoint: NewestCheckpoint) -> None:
         super().__init__(name="trainwell-failure-watchdog", daemon=True)
         self.trainer, self.store, self.baseline = trainer, store, baseline
+        self.newest_checkpoint = newest_checkpoint
         self.main = threading.main_thread()
         self._stopped = threading.Event()
 
     @classmethod
-    def start_for(cls, trainer: Any) -> Watchdog | None:
+    def start_for(cls, trainer: Any, newest_checkpoint: NewestCheckpoint) -> Watchdog | None:
         store = _store()
         if store is None:
             return None
@@ -269,7 +276,7 @@ class Watchdog(threading.Thread):
             baseline = store.add(f"{PREFIX}/failures", 0)  # failures of earlier runs in this job do not count
         except Exception:
             return None
-        watchdog = cls(trainer, store, baseline)
+        watchdog = cls(trainer, store, baseline, newest_checkpoint)
         watchdog.start()
         return watchdog
 
@@ -296,8 +303,8 @@ class Watchdog(threading.Thread):
         doing = describe(names, self.trainer.state.global_step)
         runtime = self.trainer.runtime
         notes = _notes(runtime.process_index, runtime.num_processes, doing)
-        message = _message(self.trainer, notes, doing, "a failed process keeps the process group open, so "
-                                                       "this process would otherwise wait ddp_timeout")
+        message = _message(self.trainer, notes, doing, "a failed process keeps the process group open, so this "
+                           "process would otherwise wait ddp_timeout", self.newest_checkpoint)
         logger.error(message)
         sys.stderr.write(f"ProcessFailure: {message}\n")
         sys.stderr.flush()

@@ -302,3 +302,30 @@ def to_device(data: Any, device: torch.device, float_dtype: torch.dtype | None =
     if isinstance(data, (list, tuple)):
         return type(data)(to_device(v, device, float_dtype) for v in data)
     return data
+
+
+def gather_loss_sum(runtime: Any, value: Any) -> float:
+    """The mean over processes of each process's loss sum (one collective, at log steps only), on the host."""
+    return float(mean_loss_sum(runtime, value).item())
+
+
+def mean_loss_sum(runtime: Any, value: Any) -> torch.Tensor:
+    """The mean over processes of each process's loss sum, as a float32 tensor left on the device."""
+    tensor = torch.as_tensor(value, dtype=torch.float32, device=runtime.device).reshape(1)
+    if runtime.distributed:
+        tensor = runtime.gather(tensor).mean()
+    return tensor.sum()
+
+
+#: the Trainer attributes attach_runtime fills: a process's own (Accelerate's process-wide state among them),
+#: dropped before a Trainer is sent to another process
+RUNTIME_ATTRIBUTES = ("runtime", "precision", "accelerator", "gather_function")
+
+
+def attach_runtime(trainer: Any, model: Any = None) -> None:
+    """Build the Trainer's runtime (devices, Accelerate, precision) from its arguments: in ``__init__``, and again
+    in a process the Trainer was sent to without it (a Ray Tune worker). ``model``: the model given to the Trainer,
+    whose load-time tensor parallelism the runtime's device mesh must match."""
+    trainer.runtime = Runtime(trainer.args, model)
+    trainer.precision, trainer.accelerator = trainer.runtime.precision, trainer.runtime.accelerator
+    trainer.gather_function = trainer.accelerator.gather_for_metrics

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwell.backend import deepspeed as ds
+from trainwell.backend.runtime import gather_loss_sum
 from trainwell.checkpoint import adapters, manifest, sharded
 from trainwell.checkpoint.io import (
     AtomicDirectory,
@@ -233,12 +234,16 @@ def _write_pieces(trainer: TrainerHooks, tmp: str) -> None:
 _SNAPSHOT_METHODS = ("save_model", "_save", "_save_optimizer_and_scheduler", "_save_scaler")
 
 
+def _is_trainers_own(method: Any) -> bool:
+    """Whether ``method`` is the Trainer's own body (``trainwell.trainer``), not an override: told by where it was
+    defined, since this layer sits below the Trainer and never imports it."""
+    return getattr(method, "__module__", None) == "trainwell.trainer" and method.__qualname__.startswith("Trainer.")
+
+
 def _stage_in_background(trainer: TrainerHooks, tmp: str) -> Callable[[], None] | None:
     """``save_async``: write the small pieces now, copy the large ones to host buffers, and return the job that
     writes those copies (None on processes that write nothing more)."""
-    from trainwell.trainer import Trainer  # the default bodies, to tell an override apart
-
-    overridden = [m for m in _SNAPSHOT_METHODS if getattr(type(trainer), m) is not getattr(Trainer, m)]
+    overridden = [m for m in _SNAPSHOT_METHODS if not _is_trainers_own(getattr(type(trainer), m))]
     if overridden:
         raise ValueError(
             f"save_async=True writes checkpoints from a snapshot and cannot call the overridden {overridden}: set "
@@ -343,8 +348,6 @@ def save_rng_and_data_position(trainer: TrainerHooks, directory: str) -> None:
     if run is not None and run.feed.reader is not None and run.feed.reader.pending_rng is not None:
         state["read_ahead"] = run.feed.reader.pending_rng  # ... and reads its pending batch the same way again
     if run is not None:  # the log window in progress: logs after a resume equal the uninterrupted run's
-        from trainwell.loop.boundary import gather_loss_sum
-
         state["log_window"] = run.losses.window(lambda total: gather_loss_sum(trainer.runtime, total))
     torch_save(state, _own_file(trainer, directory, "rng"))
     position = run.feed.position if run is not None else None

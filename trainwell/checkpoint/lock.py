@@ -158,9 +158,9 @@ def _open_for_lock(path: str, output_dir: str) -> int:
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except PermissionError as err:
-        raise PermissionError(errno.EACCES, f"output_dir {output_dir!r} cannot be written ({err.strerror}): "
-                                            "the run could save nothing there. Pass an output_dir you can "
-                                            "write to, or fix the folder's permissions.", path) from None
+        raise PermissionError(f"output_dir {output_dir!r} cannot be written ({err.strerror}): the run could save "
+                              "nothing there. Pass an output_dir you can write to, or fix the folder's "
+                              "permissions.") from None
 
 
 def _make_dir(output_dir: str) -> None:

@@ -1,29 +1,18 @@
-"""Capturing and restoring every random number generator of a process (python, numpy, torch CPU, CUDA).
+"""Reading a checkpoint's RNG file: trainwell's and the reference Trainer's, with ``weights_only=True``.
 
-States are stored as tensors and plain Python values only, so they load with ``weights_only=True``.
+Capturing and restoring the generators themselves (python, numpy, torch CPU, CUDA) is
+``trainwell.utils.seed``'s; its states hold tensors and plain Python values only, so they load weights-only.
 """
 
 from __future__ import annotations
 
 import os
-import random
 from typing import Any
 
 import numpy as np
 import torch
 
-
-def get_rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        # numpy's state holds an ndarray, which weights_only loading refuses: store it as a list.
-        "numpy": (np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])),
-        "cpu": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+from trainwell.utils.seed import get_rng_state, set_rng_state  # noqa: F401  (re-exported)
 
 
 def load_rng_file(path: str | os.PathLike) -> dict[str, Any]:
@@ -43,23 +32,3 @@ def load_rng_file(path: str | os.PathLike) -> dict[str, Any]:
 
     with torch.serialization.safe_globals(allowed):
         return safe_torch_load(path, map_location="cpu")
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore the generators ``state`` holds (a partial state, e.g. torch's alone, leaves the others)."""
-    if "python" in state:
-        python_state = state["python"]
-        # weights_only loading returns the inner tuple as a list; random.setstate needs tuples.
-        random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
-    if "numpy" in state:
-        name, keys, pos, has_gauss, cached = state["numpy"]
-        if isinstance(keys, torch.Tensor):
-            keys = keys.numpy()
-        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
-    torch.set_rng_state(state["cpu"])
-    if "cuda" in state and torch.cuda.is_available():
-        cuda_states = state["cuda"]
-        if isinstance(cuda_states, torch.Tensor):
-            torch.cuda.set_rng_state(cuda_states)
-        elif len(cuda_states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda_states)

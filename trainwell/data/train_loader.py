@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from trainwell.checkpoint.rng import get_rng_state, set_rng_state
 from trainwell.data import loaders, rebalance
 from trainwell.data.position import DataPosition
+from trainwell.utils.seed import get_rng_state, set_rng_state
 
 _ATTACHED = "_trainwell_feed"  # the attribute of a loader that holds its feed
 

@@ -79,12 +79,6 @@ def peft_config_dict(model: Any) -> dict[str, Any] | None:
     return {name: cfg.to_dict() if callable(getattr(cfg, "to_dict", None)) else cfg for name, cfg in configs.items()}
 
 
-def env_flag(name: str, default: bool = False) -> bool:
-    """An on/off environment variable (``1``/``true``/``yes``/``on``, any case); ``default`` when unset or empty."""
-    value = os.environ.get(name, "").strip()
-    return value.upper() in ("1", "TRUE", "YES", "ON") if value else default
-
-
 def run_config(args: Any, model: Any) -> dict[str, Any]:
     """What most trackers record as the run's configuration: the model config, then the arguments (which win)."""
     return {**(model_config_dict(model) or {}), **args.to_dict()}

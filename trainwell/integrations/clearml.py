@@ -19,7 +19,8 @@ import logging
 import os
 from typing import Any
 
-from trainwell.integrations.base import TrackerCallback, env_flag, model_config_dict, numeric_logs
+from trainwell.integrations.base import TrackerCallback, model_config_dict, numeric_logs
+from trainwell.utils.packages import env_flag
 
 logger = logging.getLogger(__name__)
 

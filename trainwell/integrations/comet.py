@@ -13,18 +13,17 @@ during a hyperparameter search, where each trial's experiment is ended with the 
 
 from __future__ import annotations
 
-import configparser
 import os
 from typing import Any
 
 from trainwell.integrations.base import (
     TrackerCallback,
-    env_flag,
     model_config_dict,
     numeric_logs,
     peft_config_dict,
     rewrite_logs,
 )
+from trainwell.utils.packages import env_flag
 
 # COMET_MODE -> (comet_ml.start's mode, its online flag); None leaves the choice to Comet's own settings.
 _MODES: dict[str, tuple[str | None, bool | None]] = {
@@ -49,30 +48,6 @@ def comet_mode() -> tuple[str | None, bool | None] | None:
             f"{', '.join(map(repr, [*_MODES, 'disabled']))}, or unset it."
         )
     return _MODES[value]
-
-
-def comet_configured() -> bool:
-    """Whether Comet can log without asking for a key: an API key in the environment or a ``.comet.config``
-    file (where comet_ml looks: ``$COMET_CONFIG``, ``./``, ``~/``), or an offline run asked for. Reads files only."""
-    if os.environ.get("COMET_API_KEY"):
-        return True
-    mode = os.environ.get("COMET_MODE", "").strip().lower()
-    if mode == "offline" or not env_flag("COMET_START_ONLINE", default=True):
-        return True
-    override = os.environ.get("COMET_CONFIG")
-    if override and os.path.isdir(override):
-        override = os.path.join(override, ".comet.config")
-    for path in (override, "./.comet.config", "~/.comet.config"):
-        if not path or not os.path.isfile(os.path.expanduser(path)):
-            continue
-        parser = configparser.ConfigParser()
-        try:
-            parser.read(os.path.expanduser(path))
-        except configparser.Error:
-            continue
-        if parser.get("comet", "api_key", fallback=None):
-            return True
-    return False
 
 
 class CometCallback(TrackerCallback):

@@ -13,8 +13,8 @@ import os
 from typing import Any
 from urllib.parse import urlparse
 
-from trainwell.integrations.base import env_flag
 from trainwell.integrations.mlflow import MLflowCallback
+from trainwell.utils.packages import env_flag
 
 
 def dagshub_repo(tracking_uri: str) -> tuple[str, str]:

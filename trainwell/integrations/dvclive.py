@@ -15,7 +15,8 @@ import logging
 import os
 from typing import Any, Literal
 
-from trainwell.integrations.base import TrackerCallback, env_flag
+from trainwell.integrations.base import TrackerCallback
+from trainwell.utils.packages import env_flag
 
 logger = logging.getLogger(__name__)
 

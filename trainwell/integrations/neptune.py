@@ -152,6 +152,6 @@ class NeptuneCallback(TrackerCallback):
 
 
 def _trainwell_version() -> str:
-    from trainwell import __version__
+    from trainwell.utils.version import __version__
 
     return __version__

@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from trainwell.checks import is_metric_number, short_repr
+from trainwell.backend.runtime import mean_loss_sum
 from trainwell.events.monitor import greater_is_better, is_improvement, metric_key
+from trainwell.loop.metric_checks import is_metric_number
 from trainwell.optim.schedulers import steps_on_metrics
-from trainwell.techniques import batch_size
+from trainwell.utils import batch_size
+from trainwell.utils.errors import short_repr
 from trainwell.utils.metrics import speed_metrics
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def maybe_log_save_evaluate(
     """Log the loss since the last log, evaluate, then save, each when its control flag is set."""
     control, state = hooks.control, hooks.state
     if control.should_log and state.global_step > tr_loss.last_logged_step:
-        loss_sum, grad_norm = tr_loss.read_window(lambda total: _mean_over_processes(hooks.runtime, total), grad_norm)
+        loss_sum, grad_norm = tr_loss.read_window(lambda total: mean_loss_sum(hooks.runtime, total), grad_norm)
         tr_loss.logged_total += loss_sum
         logs: dict[str, float] = {"loss": loss_sum / (state.global_step - tr_loss.last_logged_step)}
         if grad_norm is not None:
@@ -78,19 +78,6 @@ def maybe_log_save_evaluate(
     throughput = getattr(hooks.training_run, "throughput", None)
     if throughput is not None:
         throughput.pause(time.perf_counter() - began)  # evaluating and saving is not training time
-
-
-def gather_loss_sum(runtime: Any, value: Any) -> float:
-    """The mean over processes of each process's loss sum (one collective, at log steps only), on the host."""
-    return float(_mean_over_processes(runtime, value).item())
-
-
-def _mean_over_processes(runtime: Any, value: Any) -> torch.Tensor:
-    """The mean over processes of each process's loss sum, as a float32 tensor left on the device."""
-    tensor = torch.as_tensor(value, dtype=torch.float32, device=runtime.device).reshape(1)
-    if runtime.distributed:
-        tensor = runtime.gather(tensor).mean()
-    return tensor.sum()
 
 
 def evaluate_in_training(hooks: TrainerHooks, ignore_keys_for_eval: Any, skip_scheduler: bool) -> dict[str, float]:

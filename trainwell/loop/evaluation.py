@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from trainwell.checks import check_compute_metrics, checked_metrics
 from trainwell.data.loaders import has_length
 from trainwell.data.sharding import step_counts
 from trainwell.loop.accumulation import find_batch_size
 from trainwell.loop.gather import OutputAccumulator, make_gatherer, to_numpy
+from trainwell.loop.metric_checks import check_compute_metrics, checked_metrics
 from trainwell.loop.progress import has_train_eval_modes
 from trainwell.outputs import EvalLoopOutput, EvalPrediction, PredictionOutput
 from trainwell.utils import model as model_utils

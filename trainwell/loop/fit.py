@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trainwell.backend.runtime import gather_loss_sum
 from trainwell.checkpoint.contents import Phase
 from trainwell.checkpoint.layout import clean_temporary, keep_only_best
 from trainwell.data.train_loader import TrainFeed
-from trainwell.loop.boundary import gather_loss_sum
 from trainwell.loop.epochs import EpochIterator
 from trainwell.loop.plan import StepPlan
 from trainwell.loop.progress import TrainingRun

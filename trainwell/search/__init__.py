@@ -13,11 +13,12 @@ Every trial is a normal ``train()`` writing normal checkpoints into its folder, 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
 from typing import Any
 
 from trainwell.outputs import BestRun, ExplicitEnum
+from trainwell.utils.packages import installed as _installed
+from trainwell.utils.packages import is_optuna_available, is_ray_available, is_ray_tune_available  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -39,24 +40,6 @@ FIXED_AT_CONSTRUCTION = frozenset({
     "bf16", "fp16", "tf32", "use_cpu", "fsdp", "fsdp_config", "deepspeed", "torch_compile", "torch_compile_backend",
     "torch_compile_mode", "accelerator_config", "ddp_backend", "output_dir", "report_to", "push_to_hub",
 })
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def is_optuna_available() -> bool:
-    return _installed("optuna")
-
-
-def is_ray_tune_available() -> bool:
-    return _installed("ray") and _installed("ray.tune")
-
-
-is_ray_available = is_ray_tune_available
 
 
 def default_hp_search_backend() -> str:

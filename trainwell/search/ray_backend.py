@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trainwell import wiring
+from trainwell.backend import runtime as wiring_runtime
 from trainwell.outputs import PREFIX_CHECKPOINT_DIR, BestRun
 
 
@@ -38,7 +38,7 @@ def run(trainer: Any, n_trials: int, direction: str | list[str], **kwargs: Any) 
     for callback in unpicklable:
         trainer.remove_callback(callback)
     trainer.model = trainer.model_wrapped = None
-    local = {name: trainer.__dict__.pop(name) for name in wiring.RUNTIME_ATTRIBUTES}
+    local = {name: trainer.__dict__.pop(name) for name in wiring_runtime.RUNTIME_ATTRIBUTES}
     try:
         trainable = ray.tune.with_parameters(_objective, local_trainer=trainer)
         analysis = ray.tune.run(trainable, config=trainer.hp_space(None), num_samples=n_trials, **kwargs)
@@ -56,7 +56,7 @@ def _objective(config: dict[str, Any], local_trainer: Any) -> None:
     import ray.tune
 
     if "runtime" not in local_trainer.__dict__:
-        wiring.attach_runtime(local_trainer)
+        wiring_runtime.attach_runtime(local_trainer)
     local_trainer.objective = None
     checkpoint = ray.tune.get_checkpoint()
     if checkpoint:

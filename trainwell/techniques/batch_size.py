@@ -22,19 +22,9 @@ from typing import Any
 
 import torch
 
+from trainwell.utils.batch_size import eval_out_of_memory, is_out_of_memory  # noqa: F401  (used here; re-exported)
+
 logger = logging.getLogger(__name__)
-
-_MESSAGES = (
-    "CUDA out of memory.", "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.", "DefaultCPUAllocator: can't allocate memory",
-    "MPS backend out of memory", "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed", "XPU out of memory.",
-)
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` says a device (or the host allocator) ran out of memory."""
-    if isinstance(error, getattr(torch, "OutOfMemoryError", ())):
-        return True
-    return isinstance(error, RuntimeError) and len(error.args) == 1 and any(m in str(error.args[0]) for m in _MESSAGES)
 
 
 def smaller_micro_batch(micro_batch: int, global_batch: int) -> int | None:
@@ -43,14 +33,6 @@ def smaller_micro_batch(micro_batch: int, global_batch: int) -> int | None:
         if global_batch % size == 0:
             return size
     return None
-
-
-def eval_out_of_memory(error: BaseException) -> RuntimeError:
-    """The error to raise for an out-of-memory evaluation during an ``auto_find_batch_size`` run."""
-    return RuntimeError(
-        "Evaluation ran out of memory during training. auto_find_batch_size only shrinks the training micro-batch: "
-        "lower per_device_eval_batch_size (or set eval_accumulation_steps) instead."
-    )
 
 
 def train_with_batch_search(trainer: Any, train_once: Callable[[str | bool | None], Any],

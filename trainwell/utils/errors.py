@@ -28,3 +28,12 @@ def choice_error(name: str, value: Any, choices: Iterable[Any]) -> ValueError:
         f"{name}={value!r} is not a valid value: choose one of {', '.join(map(repr, options))}."
         + did_you_mean(value, options)
     )
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` on one line, cut to ``limit`` characters (error messages name the value they refuse)."""
+    try:
+        text = " ".join(repr(value).split())
+    except Exception:  # a repr that fails is no reason to hide the real error
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

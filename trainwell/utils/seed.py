@@ -1,13 +1,15 @@
 """Seeding: every random number generator a training run touches, in one place.
 
-Owns ``set_seed``, ``enable_full_determinism`` and the per-worker seeding of data-loader workers.
-Saving and restoring RNG *states* for resume belongs to ``trainwell.checkpoint``.
+Owns ``set_seed``, ``enable_full_determinism``, the per-worker seeding of data-loader workers, and capturing and
+restoring every generator's state (``get_rng_state`` / ``set_rng_state``: the data position and the checkpoint
+read them). Which RNG file a checkpoint holds, and reading it safely, belongs to ``trainwell.checkpoint``.
 """
 
 from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,3 +56,36 @@ def seed_worker(worker_id: int, num_workers: int | None = None, rank: int = 0) -
     torch.manual_seed(worker_seed)
     random.seed(worker_seed)
     np.random.seed(worker_seed)
+
+
+def get_rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        # numpy's state holds an ndarray, which weights_only loading refuses: store it as a list.
+        "numpy": (np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])),
+        "cpu": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the generators ``state`` holds (a partial state, e.g. torch's alone, leaves the others)."""
+    if "python" in state:
+        python_state = state["python"]
+        # weights_only loading returns the inner tuple as a list; random.setstate needs tuples.
+        random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
+    if "numpy" in state:
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        if isinstance(keys, torch.Tensor):
+            keys = keys.numpy()
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = state["cuda"]
+        if isinstance(cuda_states, torch.Tensor):
+            torch.cuda.set_rng_state(cuda_states)
+        elif len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_states)

@@ -1,0 +1,143 @@
+"""The stack of trainwell's layers, written once, and a test that every import points down it.
+
+Every ``import`` of a trainwell module, at module level or inside a function (``importlib.import_module`` of a
+constant name too), goes to the same layer or a lower one. Imports under ``if TYPE_CHECKING:`` are annotations
+only and never run, so they are not held to it. A lower layer that needs something of a higher one is handed
+it (a callable, an object), as ``backend.failures.stop_together`` is handed how to find the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "trainwell"
+
+# Low to high. A module belongs to the most specific entry that names it (a package or a module path).
+STACK: list[tuple[str, list[str]]] = [
+    ("utils", ["utils", "outputs"]),
+    ("args", ["args", "training_args", "training_args_seq2seq"]),
+    ("state and events", ["state", "events"]),
+    ("data, optim, backend", ["data", "optim", "backend"]),
+    ("checkpoint", ["checkpoint"]),
+    ("loop", ["loop"]),
+    # features the Trainer wires in: each is handed a trainer object and never imports the facade
+    ("techniques, trackers, hub, report, search", ["techniques", "integrations", "report", "search"]),
+    ("the Trainer facade", ["trainer", "hooks", "wiring", "checks", "trainer_seq2seq"]),
+    # the reference's module paths and the package surfaces: they re-export from every layer
+    ("compat surfaces", ["__init__", "integrations.__init__", "integrations.underneath", "trainer_utils",
+                         "trainer_pt_utils", "trainer_callback", "optimization", "hf_argparser", "debug_utils"]),
+    ("cli", ["cli", "examples", "__main__"]),
+]
+
+
+def _layer(module: str) -> int | None:
+    """The index in STACK of ``trainwell.<module>`` (dotted, relative to the package); None outside trainwell."""
+    best: tuple[int, int] | None = None  # (specificity, layer)
+    for index, (_, members) in enumerate(STACK):
+        for member in members:
+            if module == member or module.startswith(member + "."):
+                specificity = member.count(".") + 1
+                if best is None or specificity > best[0]:
+                    best = (specificity, index)
+    return None if best is None else best[1]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts[-1] = "__init__"  # a package's own file: "integrations.__init__"
+    return ".".join(parts)
+
+
+def _is_module(dotted: str) -> bool:
+    base = PACKAGE.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _target(module: str, name: str | None = None) -> str | None:
+    """The imported trainwell module, relative to the package ("" for trainwell itself); None if not trainwell."""
+    if module != "trainwell" and not module.startswith("trainwell."):
+        return None
+    relative = module[len("trainwell."):] if module != "trainwell" else ""
+    if name is not None:  # from package import submodule: the submodule is what runs
+        candidate = f"{relative}.{name}" if relative else name
+        if _is_module(candidate):
+            return candidate
+    if relative == "" or _is_module(relative) and (PACKAGE / relative.replace(".", "/") / "__init__.py").is_file():
+        return f"{relative}.__init__" if relative else "__init__"
+    return relative
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(sub) for stmt in node.body for sub in ast.walk(stmt))
+    return skipped
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skipped = _type_checking_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                yield node.lineno, _target(node.module, alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, _target(alias.name)
+        elif (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            yield node.lineno, _target(node.args[0].value)
+
+
+def _violations(path: Path, source: str) -> list[str]:
+    """The imports of ``path`` (the module ``source``) that point up the stack."""
+    mine = _layer(source)
+    assert mine is not None, f"{source} is in no layer of STACK: add it"
+    found = []
+    for line, target in sorted(_imports(path), key=lambda item: item[0]):
+        if target is None:
+            continue
+        theirs = _layer(target)
+        assert theirs is not None, f"{source}:{line} imports {target}, which is in no layer of STACK"
+        if theirs > mine:
+            found.append(f"trainwell/{source.replace('.', '/')}.py:{line} ({STACK[mine][0]}) imports "
+                         f"trainwell.{target} ({STACK[theirs][0]})")
+    return found
+
+
+def test_every_import_points_down_the_stack():
+    found = [v for path in sorted(PACKAGE.rglob("*.py")) for v in _violations(path, _module_name(path))]
+    assert found == []
+
+
+def test_an_upward_import_is_found_wherever_it_runs(tmp_path):
+    """The check can fail: a loop module importing the facade is caught at module level, inside a function and
+    through importlib; the same import under TYPE_CHECKING (never run) is not."""
+    module = tmp_path / "fake.py"
+    module.write_text(
+        "import importlib\n"
+        "from typing import TYPE_CHECKING\n"
+        "from trainwell.checks import short_repr\n"
+        "if TYPE_CHECKING:\n"
+        "    from trainwell.trainer import Trainer\n"
+        "def later():\n"
+        "    from trainwell import wiring\n"
+        "    return importlib.import_module('trainwell.trainer')\n"
+        "from trainwell.utils.errors import did_you_mean\n"
+    )
+    found = _violations(module, "loop.fake")
+    assert [v.split(":")[1].split(" ")[0] for v in found] == ["3", "7", "8"], found
+    assert "imports trainwell.checks (the Trainer facade)" in found[0]
+
+
+def test_the_package_surfaces_are_above_what_they_re_export():
+    assert _layer("__init__") > _layer("trainer") and _layer("integrations.__init__") > _layer("search")
+    assert _layer("integrations.wandb") < _layer("trainer") and _layer("integrations.registry") < _layer("wiring")
+    assert _target("trainwell.integrations", "hub") == "integrations.hub"
+    assert _target("trainwell.integrations", "reporting_callbacks") == "integrations.__init__"
+    assert _target("trainwell", "checks") == "checks" and _target("trainwell") == "__init__"
