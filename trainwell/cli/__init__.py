@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # subcommand -> (module, one-line help). Each module has add_arguments(parser) and run(namespace) -> int.
 _COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,6 +25,17 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 
 class CliError(Exception):
     """A problem with what the user asked for: printed as one line, exit status 2."""
+
+
+def compact_console(trainer: Any) -> None:
+    """One short line per log on the console (``trainwell.events.progress.compact_log``) for a run the command
+    line starts: its progress or printer callback is switched to ``compact``. Only the command line does this; a
+    ``Trainer`` made in Python prints the reference's log dicts, as its users expect."""
+    from trainwell.events.progress import PrinterCallback, ProgressCallback
+
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, (ProgressCallback, PrinterCallback)):
+            callback.compact = True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,4 +79,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-__all__ = ["CliError", "build_parser", "main"]
+__all__ = ["CliError", "build_parser", "compact_console", "main"]
