@@ -1,4 +1,4 @@
-"""The ``trainwell`` command: ``demo``, ``train``, ``report`` and ``env`` subcommands.
+"""The ``trainwell`` command: ``demo``, ``train``, ``predict``, ``report`` and ``env`` subcommands.
 
 Owns the argument parsing of the command line and how errors reach the user (one line naming the problem;
 ``TRAINWELL_DEBUG=1`` shows the traceback). Each subcommand lives in its own module, imported only when it
@@ -18,6 +18,8 @@ from typing import Any
 _COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("trainwell.cli.demo", "train a small byte-level transformer on Python's own sources (no downloads)"),
     "train": ("trainwell.cli.train", "train from a YAML/JSON config: trainwell train CONFIG.yaml [--key value ...]"),
+    "predict": ("trainwell.cli.predict", "use a model trained with a task: trainwell predict RUN 'a text' (or "
+                                         "--data FILE, or stdin)"),
     "report": ("trainwell.cli.report", "plots and a summary of one run, or a comparison of several"),
     "env": ("trainwell.cli.env", "versions and devices, for bug reports"),
 }

@@ -148,6 +148,7 @@ def _train(sections: dict[str, Any], args: Any) -> int:
 
         print(f"tokenizer and {TASK_FILE} (the task's settings{', labels by id' if run.labels else ''}): "
               f"{args.output_dir}")
+        print(f"use the model: trainwell predict {args.output_dir} 'a text' (or --data FILE; see docs/cli.md)")
     if sections.get("report", True) and args.should_save:
         from trainwell.report import write_report
 
