@@ -165,7 +165,7 @@ def test_a_demo_prints_one_short_line_per_log_and_a_finished_run_says_how_to_go_
     evals = [line for line in logs if "] eval: loss " in line]
     assert len(train) == 6 and len(evals) == 2 and len(logs) == 9, text  # evaluations at 0 and 6, the summary
     assert all(len(line) < 110 and "'" not in line for line in logs), logs  # numbers as numbers, one line each
-    assert re.search(r"lr [\d.e-]+  epoch [\d.]+  \d+ tok/s$", train[-1]), train[-1]
+    assert re.search(r"lr [\d.e-]+  epoch [\d.e-]+  [\d.]+ tok/s$", train[-1]), train[-1]
     assert re.search(r"perplexity [\d.]+  \([\d.]+ s\)", evals[0]), evals[0]
     assert "run the same command again to resume" not in text
     assert "to train further: the same command with --steps 12" in text
