@@ -30,12 +30,20 @@ _run = run_cli
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    """``project/`` with ``tokenizer.json``, ``data/train.csv`` (review, sentiment), ``data/eval.jsonl`` and
-    ``data/stories.jsonl`` (text); the current directory is elsewhere, so relative paths must resolve against
-    the config's folder."""
+    """``project/`` (``make_project``); the current directory is elsewhere, so relative paths must resolve
+    against the config's folder."""
+    folder = make_project(tmp_path / "project")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    return folder
+
+
+def make_project(folder):
+    """``folder`` with ``tokenizer.json``, ``data/train.csv`` (review, sentiment), ``data/eval.jsonl`` and
+    ``data/stories.jsonl`` (text)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    folder = tmp_path / "project"
     (folder / "data").mkdir(parents=True)
     rows = [(text, "pos") for text in POSITIVE] + [(text, "neg") for text in NEGATIVE]
     rows = [rows[i] for i in (0, 6, 1, 7, 2, 8, 3, 9, 4, 10, 5, 11)]  # interleaved classes
@@ -52,9 +60,6 @@ def project(tmp_path, monkeypatch):
     trainer = trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "</s>"])
     tokenizer.train_from_iterator(POSITIVE + NEGATIVE, trainer)
     tokenizer.save(str(folder / "tokenizer.json"))
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)
     return folder
 
 

@@ -151,3 +151,21 @@ def test_demo_sh_needs_set_up_unless_the_venv_imports_this_checkouts_trainwell(t
     other = _fake_project(tmp_path)
     _bash(f'source "{DEMO_SH}"; setup_fingerprint "$1" > "$2/.trainwell-demo-setup"', str(other), str(venv))
     assert _bash(needed, str(other), str(venv)).stdout == "needed\n"  # trainwell imports from ROOT, not there
+
+
+# --- the terminal ----------------------------------------------------------------------------------------------------
+
+
+def test_a_demo_prints_one_short_line_per_log_and_a_finished_run_says_how_to_go_further(tmp_path, capsys):
+    out = tmp_path / "demo"
+    code, text = _demo(capsys, out, "--steps", 6, "--no-report")  # logging_steps 1: six training logs
+    assert code == 0, text
+    logs = [line for line in text.splitlines() if re.match(r"\[\d+/6 ", line)]
+    train = [line for line in logs if re.search(r"\] loss \d", line)]
+    evals = [line for line in logs if "] eval: loss " in line]
+    assert len(train) == 6 and len(evals) == 2 and len(logs) == 9, text  # evaluations at 0 and 6, the summary
+    assert all(len(line) < 110 and "'" not in line for line in logs), logs  # numbers as numbers, one line each
+    assert re.search(r"lr [\d.e-]+  epoch [\d.e-]+  [\d.]+ tok/s$", train[-1]), train[-1]
+    assert re.search(r"perplexity [\d.]+  \([\d.]+ s\)", evals[0]), evals[0]
+    assert "run the same command again to resume" not in text
+    assert "to train further: the same command with --steps 12" in text

@@ -139,3 +139,39 @@ def test_bar_shows_the_window_throughput_and_mfu_of_log_throughput():
     postfix = progress.training_bar.postfix
     assert "tok/s=9.876e+04" in postfix and "mfu=42.1%" in postfix
     progress.on_train_end(args, state, control)
+
+
+# --- the compact line the command line uses ------------------------------------------------------------------------
+
+
+def test_compact_lines_one_per_log_numbers_unquoted_evaluations_marked(capsys):
+    from trainwell.events.progress import compact_log, compact_number
+
+    assert [compact_number(v) for v in (2.34567, 0.0019634, 16650.3, 2e-05, 3, True)] == [
+        "2.346", "0.001963", "16650", "2e-5", "3", "True"]
+    train = {"loss": 2.34567, "grad_norm": 0.84123, "learning_rate": 0.0019634, "epoch": 0.42,
+             "num_input_tokens_seen": 204800, "train_runtime": 12.3, "train_tokens_per_second": 16650.3}
+    evaluation = {"eval_loss": 2.1012, "eval_runtime": 3.12, "eval_samples_per_second": 41.0,
+                  "eval_steps_per_second": 0.641, "epoch": 0.5, "eval_perplexity": 8.1745}
+    done = {"train_runtime": 120.53, "train_samples_per_second": 132.7, "train_steps_per_second": 8.297,
+            "total_flos": 1e12, "train_loss": 2.1234, "epoch": 3.0}
+    assert compact_log(train) == ("train", "loss 2.346  grad_norm 0.8412  lr 0.001963  epoch 0.42  16650 tok/s")
+    assert compact_log(evaluation) == ("eval", "loss 2.101  perplexity 8.175  (3.12 s)")
+    assert compact_log(done) == ("done", "train_loss 2.123  (120.5 s)  132.7 samples/s  8.297 steps/s")
+
+    terminal = FakeTerminal()
+    progress = ProgressCallback(stream=terminal, compact=True)
+    args, state, control = make_args("o"), TrainerState(max_steps=1000, global_step=100), TrainerControl()
+    progress.on_train_begin(args, state, control)
+    for logs in (train, evaluation, done):
+        progress.on_log(args, state, control, logs=dict(logs))
+    progress.on_train_end(args, state, control)
+    written = [line for line in capsys.readouterr().out.splitlines() if line]
+    assert written == ["step 100/1000  loss 2.346  grad_norm 0.8412  lr 0.001963  epoch 0.42  16650 tok/s",
+                       "eval at step 100  loss 2.101  perplexity 8.175  (3.12 s)",
+                       "done at step 100  train_loss 2.123  (120.5 s)  132.7 samples/s  8.297 steps/s"]
+    PrinterCallback(compact=True).on_log(args, state, control, logs=dict(evaluation))
+    assert capsys.readouterr().out == "eval at step 100  loss 2.101  perplexity 8.175  (3.12 s)\n"
+    # the default stays the reference's dict, for library users
+    PrinterCallback().on_log(args, state, control, logs={"loss": 0.5})
+    assert capsys.readouterr().out == "{'loss': '0.5'}\n"

@@ -165,3 +165,63 @@ def test_the_comparison_shares_its_axes(tmp_path):
         assert {t.get_text() for t in ax.get_legend().get_texts()} >= {"a", "b"} or ax is panels[0]
     with pytest.raises(AxisError, match="num_input_tokens_seen"):
         comparison_figure([runs[0], _run(tmp_path, _history(steps=20, tokens=False), name="c")], x="tokens")
+
+
+# --- labels a person reads -------------------------------------------------------------------------------------------
+
+
+def test_a_resume_between_two_logging_steps_is_marked_at_its_checkpoint(tmp_path):
+    """Ctrl-C writes checkpoint-7 of a run logging every 5 steps: the resumed call's first loss is at 10 and
+    the step before it in the history is 5, but its summary (3 steps trained, ending at 10) says it began at 7."""
+    from tests.common.models import RegressionDataset, RegressionModel
+    from tests.conftest import make_args
+    from trainwell import Trainer
+    from trainwell.report import summary
+
+    out = str(tmp_path / "out")
+
+    def train(resume=None):
+        args = make_args(out, max_steps=10, logging_steps=5, save_strategy="steps", save_steps=7,
+                         per_device_train_batch_size=4)
+        trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=64))
+        trainer.train(resume_from_checkpoint=resume)
+        trainer.save_state()
+
+    train()
+    train(resume=f"{out}/checkpoint-7")
+    run = load_run(out)
+    assert [(s.start_step, s.end_step) for s in run.sessions] == [(0, 5), (7, 10)]
+    assert summary(run)["sessions"] == "2 (resumed at step 7)"
+    assert build_axis(run, "step").marks == [(7.0, "resumed at step 7")]
+
+
+def test_a_summary_that_cannot_pin_the_resume_step_leaves_the_logged_one(tmp_path):
+    history = _history(steps=40, resume_at=20)
+    # the reference before 5.x counted the whole schedule's steps in train_steps_per_second: 40 steps, not 20
+    history[-1] = {**history[-1], "train_steps_per_second": 4.0}
+    assert [s.start_step for s in _run(tmp_path, history, "whole").sessions] == [0, 20]
+    # a call of an hour: the rate's 3 decimals leave several steps it could have started from
+    history[-1] = {**history[-1], "train_steps_per_second": 20 / 3600 + 0.00049, "train_runtime": 3600.0}
+    assert [s.start_step for s in _run(tmp_path, history, "long").sessions] == [0, 20]
+
+
+def test_log_scale_ticks_are_plain_numbers_and_throughput_is_not_called_loss(tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install 'trainwell[report]')")
+    from trainwell.report.plots import plain_number, run_figures
+
+    assert [plain_number(v) for v in (0.6, 0.06, 0.30000000000000004, 2.5, 30, 2000, 1e-5, 2.5e7, 0.0)] == [
+        "0.6", "0.06", "0.3", "2.5", "30", "2000", "1e-5", "2.5e7", "0"]
+    history = []
+    for step in range(1, 41):
+        history.append({"loss": 0.3 + 6 * math.exp(-step / 4), "step": step})
+        if step % 10 == 0:  # without token counting, the evaluations' two speeds are the throughput figure
+            history.append({"eval_loss": 1.0, "eval_runtime": 0.5, "eval_samples_per_second": 64.0 + step,
+                            "eval_steps_per_second": 2.0, "step": step})
+    figures = run_figures(_run(tmp_path, history))
+    loss_ax = figures["loss"].axes[0]
+    figures["loss"].canvas.draw()
+    ticks = [t.get_text() for t in loss_ax.get_yticklabels() + loss_ax.yaxis.get_minorticklabels()]
+    assert loss_ax.get_yscale() == "log" and {"0.4", "1", "2"} <= set(ticks), ticks
+    assert not [t for t in ticks if "e" in t], ticks  # never 6e−01
+    speed_ax = figures["throughput"].axes[0]
+    assert len(speed_ax.get_legend().get_texts()) == 2 and speed_ax.get_ylabel() == "per second (log scale)"

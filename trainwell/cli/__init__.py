@@ -1,4 +1,4 @@
-"""The ``trainwell`` command: ``demo``, ``train``, ``report`` and ``env`` subcommands.
+"""The ``trainwell`` command: ``demo``, ``train``, ``predict``, ``report`` and ``env`` subcommands.
 
 Owns the argument parsing of the command line and how errors reach the user (one line naming the problem;
 ``TRAINWELL_DEBUG=1`` shows the traceback). Each subcommand lives in its own module, imported only when it
@@ -12,11 +12,14 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # subcommand -> (module, one-line help). Each module has add_arguments(parser) and run(namespace) -> int.
 _COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("trainwell.cli.demo", "train a small byte-level transformer on Python's own sources (no downloads)"),
     "train": ("trainwell.cli.train", "train from a YAML/JSON config: trainwell train CONFIG.yaml [--key value ...]"),
+    "predict": ("trainwell.cli.predict", "use a model trained with a task: trainwell predict RUN 'a text' (or "
+                                         "--data FILE, or stdin)"),
     "report": ("trainwell.cli.report", "plots and a summary of one run, or a comparison of several"),
     "env": ("trainwell.cli.env", "versions and devices, for bug reports"),
 }
@@ -24,6 +27,17 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 
 class CliError(Exception):
     """A problem with what the user asked for: printed as one line, exit status 2."""
+
+
+def compact_console(trainer: Any) -> None:
+    """One short line per log on the console (``trainwell.events.progress.compact_log``) for a run the command
+    line starts: its progress or printer callback is switched to ``compact``. Only the command line does this; a
+    ``Trainer`` made in Python prints the reference's log dicts, as its users expect."""
+    from trainwell.events.progress import PrinterCallback, ProgressCallback
+
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, (ProgressCallback, PrinterCallback)):
+            callback.compact = True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,4 +81,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-__all__ = ["CliError", "build_parser", "main"]
+__all__ = ["CliError", "build_parser", "compact_console", "main"]

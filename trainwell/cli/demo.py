@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any
 
-from trainwell.cli import CliError
+from trainwell.cli import CliError, compact_console
 
 # ~2 minutes on a 2-core CPU for the "small" model (measured; see the README's main-job section).
 DEFAULT_STEPS = 1000
@@ -146,6 +146,7 @@ def _build_trainer(ns: argparse.Namespace, resume: str | None) -> Any:
         print(f"resuming from {resume} (another --output-dir starts afresh)")
     trainer = _make_trainer_class()(model=model, args=training_arguments(ns, bool(resume)), train_dataset=train,
                                     eval_dataset=validation)
+    compact_console(trainer)  # one short line per log above the bar, not two wrapped lines of quoted strings
     print(f"device: {trainer.args.device}; training to step {ns.steps} in {ns.output_dir} "
           "(Ctrl-C saves a checkpoint of the step in progress, then stops)\n")
     return trainer
@@ -212,7 +213,9 @@ def _finish(ns: argparse.Namespace, trainer: Any, result: Any, started: float) -
     out = ns.output_dir
     print("\nwhere everything is:")
     print(f"  model weights    {os.path.join(out, 'model.safetensors')}")
-    print(f"  checkpoints      {out}/checkpoint-*  (run the same command again to resume)")
+    # The run is complete: the same command again would only say so; a larger --steps trains further from here.
+    print(f"  checkpoints      {out}/checkpoint-*  (to train further: the same command with --steps "
+          f"{2 * result.global_step})")
     print(f"  trainer state    {os.path.join(out, 'trainer_state.json')}")
     if not ns.no_report:
         from trainwell.report import write_report

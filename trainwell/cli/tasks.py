@@ -13,8 +13,9 @@ collator that pads the batches, the metrics, and the model (a factory, or one ``
   ``run_clm`` does (the last, shorter block is kept); with ``max_length`` each text is one example, truncated.
   Labels are the input ids (the model shifts them); padding is labelled -100.
 
-The tokenizer, the task's settings and the label mapping are written beside the model as ``tokenizer.json`` (or
-the transformers tokenizer files) and ``task.json``, in every checkpoint too, so predictions can be read back.
+The tokenizer, the task's settings, the label mapping and the tokenizer's special ids are written beside the model as
+``tokenizer.json`` (or the transformers tokenizer files) and ``task.json``, in every checkpoint too, so the model can
+be used (``trainwell.cli.inference.load_trained``, ``trainwell predict``).
 """
 
 from __future__ import annotations
@@ -311,8 +312,10 @@ def prepare(sections: dict[str, Any]) -> TaskRun:
     # sequence labels (causal LM) with -100, so padding never counts in the loss.
     run.data_collator = DataCollatorWithPadding(tokenizer)
     run.model = _build_model(model_spec, run)
+    # The special ids too: a pad token the config named (or a causal LM's stand-in) is not marked in the file.
     tokenizer.extra_files[TASK_FILE] = {**task.to_json(), **(run.labels.to_json() if run.labels else {}),
-                                        "model": run.model_note}
+                                        "model": run.model_note, "pad_token_id": tokenizer.pad_token_id,
+                                        "eos_token_id": tokenizer.eos_token_id}
     return run
 
 

@@ -34,9 +34,9 @@ class TextTokenizer:
     """A tokenizer as the task pipeline and trainwell's collators see it.
 
     ``encode(texts, max_length)`` returns one list of ids per text (special tokens added, truncated to
-    ``max_length`` when given, never padded: padding is the collator's job, per batch). ``pad_token_id``,
-    ``padding_side`` and ``model_input_names`` are what ``trainwell.data.collators`` pad with; there is no
-    ``pad()`` method, so trainwell pads itself and both kinds of tokenizer pad the same way.
+    ``max_length`` when given, never padded: padding is the collator's job, per batch); ``decode(ids)`` the
+    text. ``pad_token_id``, ``padding_side`` and ``model_input_names`` are what ``trainwell.data.collators`` pad
+    with; there is no ``pad()`` method, so trainwell pads itself and both kinds of tokenizer pad the same way.
 
     ``save_pretrained(folder)`` writes the tokenizer files, plus ``extra_files`` (e.g. ``labels.json``), as JSON.
     """
@@ -68,6 +68,10 @@ class TextTokenizer:
         else:
             self.backend.enable_truncation(max_length)
         return [encoding.ids for encoding in self.backend.encode_batch(texts)]
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens left out (both kinds of tokenizer take the same arguments)."""
+        return self.backend.decode(list(ids), skip_special_tokens=True)
 
     def save_pretrained(self, folder: str) -> None:
         """Write the tokenizer (as it was read: the file is copied) and ``extra_files`` into ``folder``."""

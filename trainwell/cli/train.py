@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from trainwell.cli import CliError
+from trainwell.cli import CliError, compact_console
 
 USAGE = ("trainwell train CONFIG.yaml [--key value ...]\n"
          "       trainwell train --print-config [CONFIG.yaml [--key value ...]]")
@@ -128,6 +128,7 @@ def _train(sections: dict[str, Any], args: Any) -> int:
 
     parts, run = _components(sections)
     trainer = Trainer(args=args, **parts)
+    compact_console(trainer)
     resume = _resume_target(sections.get("resume_from_checkpoint"), args.output_dir)
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
@@ -147,6 +148,7 @@ def _train(sections: dict[str, Any], args: Any) -> int:
 
         print(f"tokenizer and {TASK_FILE} (the task's settings{', labels by id' if run.labels else ''}): "
               f"{args.output_dir}")
+        print(f"use the model: trainwell predict {args.output_dir} 'a text' (or --data FILE; see docs/cli.md)")
     if sections.get("report", True) and args.should_save:
         from trainwell.report import write_report
 

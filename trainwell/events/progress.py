@@ -2,9 +2,10 @@
 
 Owns: ``ProgressCallback`` (a tqdm bar on a terminal, plain lines elsewhere), ``PrinterCallback`` (logs
 only), ``StepPace`` (the smoothed seconds per step their ETAs come from), ``format_logs``, the display form of
-a logs dict they share, and ``apply_log_level`` (``log_level`` / ``log_level_replica`` onto the ``trainwell``
-logger). Sending logs to trackers belongs to ``trainwell.integrations``. tqdm is imported only when a bar is
-actually drawn. Only the world main process prints, so a distributed run shows one bar and one set of lines.
+a logs dict they share (the reference's), ``compact_log``, the one-short-line form the command line uses, and
+``apply_log_level`` (``log_level`` / ``log_level_replica`` onto the ``trainwell`` logger). Sending logs to
+trackers belongs to ``trainwell.integrations``. tqdm is imported only when a bar is actually drawn. Only the
+world main process prints, so a distributed run shows one bar and one set of lines.
 """
 
 from __future__ import annotations
@@ -37,6 +38,67 @@ def format_logs(logs: Mapping[str, Any] | None, max_str_len: int | None = None) 
             value = f"[string of {len(value)} characters > max_str_len={max_str_len}, not shown]"
         shown[key] = value
     return shown
+
+
+# The compact line (``compact_log``): shorter names, and keys left out of it (still in the history and trackers).
+_SHORT_NAMES = {"learning_rate": "lr", "train_tokens_per_second": "tok/s", "train_samples_per_second": "samples/s",
+                "train_steps_per_second": "steps/s"}
+_COMPACT_HIDDEN = frozenset({"total_flos", "num_input_tokens_seen"})
+
+
+def compact_number(value: Any) -> str:
+    """A logged number as the compact line shows it: an int as is; a float to 4 significant digits (``2.345``,
+    ``0.001963``), whole from 1e4 on (``12346``), with a short exponent where it needs one (``2e-5``)."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if 1e4 <= abs(value) < 1e9:
+        return f"{value:.0f}"
+    text = f"{value:.4g}"
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if e else text
+
+
+def compact_log(logs: Mapping[str, Any], max_str_len: int | None = None) -> tuple[str, str]:
+    """``(kind, text)``: a logs dict as one short line, numbers unquoted, two spaces between ``name value`` pairs.
+
+    ``kind`` is ``"train"`` (a training log: ``loss 2.345  grad_norm 0.84  lr 0.00196  epoch 0.42``), ``"eval"``
+    (an evaluation, found by its ``PREFIX_runtime``: the prefix dropped from the names, its rates left out and
+    its runtime last, ``loss 2.101  perplexity 8.17  (3.1 s)``) or ``"done"`` (the end-of-``train()`` summary,
+    its runtime and rates last). ``total_flos``, ``num_input_tokens_seen`` and a training log's clock
+    (``train_runtime``) are left out; strings longer than ``max_str_len`` are replaced as in ``format_logs``.
+    """
+    done = "train_loss" in logs or "train_samples_per_second" in logs
+    prefix = next((k[:-len("_runtime")] for k in logs if k.endswith("_runtime") and k != "train_runtime"), None)
+    kind = "done" if done else "eval" if prefix is not None else "train"
+    pairs, tail = [], []
+    for key, value in format_logs(logs, max_str_len).items():
+        value = logs[key] if isinstance(logs[key], float) else value  # the number, not format_logs' string
+        if key in _COMPACT_HIDDEN or key == "epoch" and kind != "train":
+            continue
+        if kind == "train" and key == "train_runtime":
+            continue
+        if kind == "eval" and key.startswith(f"{prefix}_"):
+            name = key[len(prefix) + 1:]
+            if name == "runtime":
+                tail.append(f"({compact_number(value)} s)")
+            elif not name.endswith("_per_second"):
+                pairs.append(f"{name} {compact_number(value)}")
+            continue
+        if kind == "done" and key == "train_runtime":
+            tail.insert(0, f"({compact_number(value)} s)")
+        elif key.endswith("_per_second"):
+            (tail if kind == "done" else pairs).append(f"{compact_number(value)} {_SHORT_NAMES.get(key, key)}")
+        else:
+            pairs.append(f"{_SHORT_NAMES.get(key, key)} {compact_number(value)}")
+    return kind, "  ".join(pairs + tail)
+
+
+def _compact_head(kind: str, state: TrainerState) -> str:
+    if kind == "train":
+        return f"step {state.global_step}/{state.max_steps}" if state.max_steps > 0 else f"step {state.global_step}"
+    return f"{kind} at step {state.global_step}"
 
 
 def apply_log_level(args: Any) -> None:
@@ -163,12 +225,17 @@ class ProgressCallback(TrainerCallback):
     checkpoint. Cost per step: one ``time.perf_counter()`` read and a few float operations.
 
     Logs are shown through ``format_logs`` (strings over ``max_str_len`` replaced by a note), on a copy:
-    the dict the Trainer passes in is never modified.
+    the dict the Trainer passes in is never modified. With ``compact`` (``trainwell demo`` and ``trainwell
+    train`` set it; the default prints the reference's dicts), each log is one short line instead
+    (``compact_log``): ``step 100/1000  loss 2.345  grad_norm 0.84  lr 0.00196  epoch 0.42  12346 tok/s``, an
+    evaluation as ``eval at step 200  loss 2.101  perplexity 8.17  (3.1 s)``.
     """
 
-    def __init__(self, max_str_len: int = 100, stream: TextIO | None = None, plain_interval: float = 30.0) -> None:
+    def __init__(self, max_str_len: int = 100, stream: TextIO | None = None, plain_interval: float = 30.0,
+                 compact: bool = False) -> None:
         self.max_str_len = max_str_len
         self.plain_interval = plain_interval
+        self.compact = compact
         self._stream = stream
         # The one clock: times the steps for the ETA and paces the plain lines (tests replace it).
         self._clock = time.perf_counter
@@ -243,17 +310,21 @@ class ProgressCallback(TrainerCallback):
         if not (self._training and state.is_world_process_zero):
             return
         logs = kwargs.get("logs") or {}
-        shown = format_logs(logs, self.max_str_len)
+        if self.compact:
+            kind, shown = compact_log(logs, self.max_str_len)
+        else:
+            kind, shown = "", str(format_logs(logs, self.max_str_len))
         if self.training_bar is not None:
             self._update_postfix(logs)
-            self.training_bar.write(str(shown))
+            self.training_bar.write(f"{_compact_head(kind, state)}  {shown}" if kind else shown)
         else:
             # A log follows a step end: its time stands for now, without another clock read.
             self._last_line = self.pace.last_time
             rate = self.pace.rate()
             has_speed = any(key.endswith("_per_second") for key in logs)
             speed = "" if has_speed or not rate else f" ({_rate_text(rate)})"
-            print(f"[{self._progress(state, rate)}] {shown}{speed}", flush=True)
+            marker = f"{kind}: " if kind in ("eval", "done") else ""
+            print(f"[{self._progress(state, rate)}] {marker}{shown}{speed}", flush=True)
 
     def on_train_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._training = False
@@ -300,9 +371,18 @@ class PrinterCallback(TrainerCallback):
 
     The dict it receives is shared with the Trainer (it is the one ``train()`` returns in
     ``TrainOutput.metrics``), so it formats a copy; the reference pops ``total_flos`` from the shared dict.
-    The reference prints on every node's local main process; one copy of each log is enough.
+    The reference prints on every node's local main process; one copy of each log is enough. ``compact``:
+    one short line per log, as ``ProgressCallback(compact=True)`` writes them.
     """
 
+    def __init__(self, compact: bool = False) -> None:
+        self.compact = compact
+
     def on_log(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        if state.is_world_process_zero and state.is_local_process_zero:
+        if not (state.is_world_process_zero and state.is_local_process_zero):
+            return
+        if self.compact:
+            kind, shown = compact_log(kwargs.get("logs") or {})
+            print(f"{_compact_head(kind, state)}  {shown}", flush=True)
+        else:
             print(format_logs(kwargs.get("logs")), flush=True)

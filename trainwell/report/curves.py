@@ -63,7 +63,7 @@ def build_axis(run: RunHistory, name: str = "step", seconds_per_unit: float | No
         _check_tokens(run, axis.values)
     else:
         return _time_axis(run, seconds_per_unit)
-    axis.marks = _marks(run, axis.values)
+    axis.marks = _marks(run, axis.values, exact=name == "step")
     return axis
 
 
@@ -87,12 +87,15 @@ def _check_tokens(run: RunHistory, values: list[float | None]) -> None:
                         "had no tensor under the model's main input name (input_ids) to count")
 
 
-def _marks(run: RunHistory, values: list[float | None]) -> list[tuple[float, str]]:
-    """The x of each resume point: that of the last entry logged at or before it by an earlier session, else
-    the session's own first x. ``run.entries`` go by session, so "an earlier session" is a prefix of them; the
-    last entry of that prefix at or below a step comes from a ``PrefixMax`` over the steps (one pass in all)."""
+def _marks(run: RunHistory, values: list[float | None], exact: bool = False) -> list[tuple[float, str]]:
+    """The x of each resume point: its step on a step axis (``exact``); otherwise that of the last entry logged
+    at or before it by an earlier session, else the session's own first x. ``run.entries`` go by session, so
+    "an earlier session" is a prefix of them; the last entry of that prefix at or below a step comes from a
+    ``PrefixMax`` over the steps (one pass in all)."""
     if len(run.sessions) < 2:
         return []
+    if exact:  # a step axis: the resume point is its own x, even between two logged steps
+        return [(float(s.start_step), f"resumed at step {s.start_step}") for s in run.sessions[1:]]
     steps = sorted({entry_step(e) for _, e in run.entries})
     latest = PrefixMax(len(steps))  # by step: the position of the last entry added at that step
     first_own: dict[int, float] = {}

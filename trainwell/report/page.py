@@ -6,6 +6,10 @@ many metrics) scrolls sideways inside it instead of stretching the page. Long na
 names) wrap at underscores and slashes (``<wbr>``); cells only break words that cannot fit otherwise
 (``overflow-wrap: break-word``, which unlike ``anywhere`` never squeezes a column below its longest word), and
 numbers never wrap. Headings wrap anywhere, since a page title has no container to scroll in.
+
+The plots sit in a CSS grid (``div.plots``), as TensorBoard and W&B lay out their charts: as many columns of at
+least 460 px as the window holds (one on a phone, two on a laptop, three or four on a wide screen), each plot
+scaled down to its cell, never up; a lone plot (a comparison's) takes the whole row.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 _STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:980px;margin:2em auto;padding:0 1em;color:#222}
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1800px;margin:2em auto;padding:0 1em;color:#222}
+.plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,460px),1fr));gap:.5em 1em;align-items:start}
+.plots>figure{min-width:0}
 .scroll{overflow-x:auto;max-width:100%;margin:1em 0}
 table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:4px 10px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}td,th{overflow-wrap:break-word}td.num{white-space:nowrap}
@@ -81,7 +87,8 @@ def render(title: str, summaries: list[dict[str, Any]], images: list[Path], note
         parts.append(f"<p class='note'>{html.escape(note)}</p>")
     parts += [key_value_table(rows) for rows in summaries]
     parts += [f"<h2>{_name(heading)}</h2>{table}" for heading, table in tables or [] if table]
-    parts += [_image(p) for p in images]
+    if images:
+        parts.append("<div class='plots'>" + "".join(_image(p) for p in images) + "</div>")
     parts += [f"<h2>{_name(heading)}</h2>{table}" for heading, table in details or [] if table]
     if log_history:
         last = [e for e in log_history[-12:] if isinstance(e, dict)]

@@ -9,7 +9,9 @@ state of the program that calls it, and works without a display.
 
 from __future__ import annotations
 
+import functools
 import io
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ _SKIP_EVAL = ("_runtime",)  # eval timings are throughput, drawn on their own fi
 _LINEAR_ONLY = frozenset({"learning_rate"})
 Points = list[tuple[float, float]]
 _LONGEST_LABEL = 80  # characters of a title or legend entry; a longer metric or run name is cut, with "…"
+# The y axis title of a figure holding several metrics (one metric's figure is titled by the metric).
+_GROUP_YLABELS = {"loss": "loss", "throughput": "per second"}
 
 
 def matplotlib_available() -> bool:
@@ -108,15 +112,40 @@ def _draw_key(ax: Any, key: str, points: Points, label: str, weight: float | Non
     _draw(ax, smoothed, f"{label} (smoothed {w:.2g})", raw.get_color(), linewidth=1.6)
 
 
+def plain_number(value: float) -> str:
+    """A tick value as a person writes it: ``0.6``, ``0.05``, ``2.5``, ``30``, ``2000``, to 3 significant digits;
+    only below 1e-4 or from 1e6 on an exponent (``1e-5``, ``2e6``), never the ``6e-01`` of matplotlib's log
+    formatter."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    rounded = float(f"{value:.3g}")
+    if 1e-4 <= abs(rounded) < 1e6:
+        return f"{rounded:f}".rstrip("0").rstrip(".")
+    mantissa, _, exponent = f"{rounded:.2e}".partition("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+@functools.lru_cache(maxsize=1)
+def _plain_log_formatter() -> type:
+    """matplotlib's ``LogFormatter`` (which ticks get a label: decades, and the 2s and 5s when a curve spans few
+    decades) writing its labels with ``plain_number``."""
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:  # noqa: ARG002
+            return plain_number(x)
+
+    return PlainLogFormatter
+
+
 def _finish(ax: Any, keys: list[str], curves: list[Points], ylabel: str) -> None:
     """Log-scale y when the curves span more than a decade (and are not a learning rate)."""
     if not set(keys) & _LINEAR_ONLY and spans_decade(*(values_of(c) for c in curves)):
-        from matplotlib.ticker import LogFormatter
-
+        formatter = _plain_log_formatter()
         ax.set_yscale("log")
-        # plain numbers (20, 30, 100) rather than 2 x 10^1: a loss or perplexity is read, not derived
-        ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+        # plain numbers (0.6, 30, 100) rather than 6e-01 or 2 x 10^1: a loss or perplexity is read, not derived
+        ax.yaxis.set_major_formatter(formatter(labelOnlyBase=False))
+        ax.yaxis.set_minor_formatter(formatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
         ylabel += " (log scale)"
     ax.set_ylabel(ylabel)
     if set(keys) & _LINEAR_ONLY:
@@ -182,7 +211,7 @@ def run_figures(run: RunHistory, x: str = "step", smoothing: float | None = None
         for key in keys:
             _draw_key(ax, key, series[key], _label(key), smoothing)
         _mark_resumes(ax, axis)
-        _finish(ax, keys, [series[k] for k in keys], _label(keys[0]) if len(keys) == 1 else "loss")
+        _finish(ax, keys, [series[k] for k in keys], _label(keys[0]) if len(keys) == 1 else _GROUP_YLABELS[name])
         figures[name] = fig
     return figures
 

@@ -18,7 +18,9 @@ it. A resume is therefore seen by one of these marks, checked in this order:
    entries before ``last step - that number`` came from an earlier, unsummarized call.
 
 The resume point of a session is the last step logged before its first training loss (the checkpoint's step
-when checkpoints fall on logging steps, as with the default ``save_steps`` and ``logging_steps``).
+when checkpoints fall on logging steps, as with the default ``save_steps`` and ``logging_steps``), or, when the
+session's summary pins it to one step between that one and its first training loss, that step
+(``summarized_start``: a checkpoint written between two logging steps, as a Ctrl-C writes one).
 Only the standard library is used here.
 """
 
@@ -251,12 +253,12 @@ def _split_by_summary(session: Session) -> list[Session]:
     # Only a history logged clearly before the implied start holds an earlier call (not rounding noise).
     if not any("loss" in e and entry_step(e) < start - tolerance for e in session.entries):
         return [session]
-    logged = sorted({entry_step(e) for e in session.entries if entry_step(e) < session.end_step})
-    nearest = min(logged, key=lambda s: abs(s - start))
-    if abs(nearest - start) > tolerance:
-        return [session]
-    earlier = [e for e in session.entries if entry_step(e) <= nearest]
-    later = [e for e in session.entries if entry_step(e) > nearest]
+    # The call began at a logged step near the implied start (a checkpoint on a logging step), else at the start
+    # itself, between two logged steps (a checkpoint that Ctrl-C wrote, or save_steps off the logging grid).
+    near = [s for s in {entry_step(e) for e in session.entries} if s < session.end_step and abs(s - start) <= tolerance]
+    cut = min(near, key=lambda s: abs(s - start)) if near else start
+    earlier = [e for e in session.entries if entry_step(e) <= cut]
+    later = [e for e in session.entries if entry_step(e) > cut]
     if not earlier or not any("loss" in e for e in later):
         return [session]
     return [Session(0, earlier), Session(0, later, summary)]
@@ -281,12 +283,37 @@ def _set_resume_points(sessions: list[Session]) -> None:
             resume = first_at[steps[found]]
             session.start_step = entry_step(resume)
             session.start_tokens = number(resume.get("num_input_tokens_seen")) or 0.0
+        if k and first is not None:
+            exact = summarized_start(session)
+            if exact is not None and session.start_step <= exact < first:
+                session.start_step = exact
         for entry in session.entries:
             step = entry_step(entry)
             if step not in first_at:
                 first_at[step] = entry
                 position = bisect.bisect_left(steps, step)
                 seen.update(position, position)
+
+
+def summarized_start(session: Session) -> int | None:
+    """The step a summarized ``train()`` call started from: its last step minus the steps it trained
+    (``train_steps_per_second x train_runtime``), when the rounding of the logged numbers leaves exactly one
+    whole step it can be; None otherwise (no summary, or a call too long to pin to one step).
+
+    This is how a resume from a checkpoint between two logging steps (``checkpoint-101`` with ``logging_steps``
+    10, written by a Ctrl-C) is placed at 101, where the entries alone only show that it came after step 100.
+    """
+    summary = session.summary
+    if not summary:
+        return None
+    steps_per_second, runtime = number(summary.get("train_steps_per_second")), number(summary.get("train_runtime"))
+    if not steps_per_second or not runtime or not math.isfinite(steps_per_second * runtime):
+        return None
+    start = session.end_step - steps_per_second * runtime
+    # steps: the rate's rounding (3 decimals) times the runtime, the runtime's (4 decimals) times the rate
+    error = _RATE_ROUNDING * runtime + 0.00005 * steps_per_second + 1e-6
+    nearest = round(start)
+    return nearest if error < 0.5 and abs(start - nearest) <= error else None
 
 
 class PrefixMax:
