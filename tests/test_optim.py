@@ -117,6 +117,38 @@ def test_get_parameter_names_semantics():
     assert get_parameter_names(nested, [], ["^x"]) == ["enc.norm.weight", "enc.norm.bias"]
 
 
+class _Ordered(nn.Module):
+    """Own parameter registered before the children; a child registered twice; a bias-free Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(2))
+        self.enc = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
+        self.head = nn.Linear(2, 1, bias=False)
+        self.shared = self.enc
+
+
+def test_get_parameter_names_lists_children_first_as_the_reference():
+    # Observed on transformers 5.x, which also lists "head.bias" (registered as None; see above).
+    assert get_parameter_names(_Ordered(), [nn.LayerNorm]) == ["enc.0.weight", "enc.0.bias", "head.weight", "scale"]
+    assert get_parameter_names(_Ordered(), []) == [
+        "enc.0.weight", "enc.0.bias", "enc.1.weight", "enc.1.bias", "head.weight", "scale",
+    ]  # fmt: skip
+    assert get_parameter_names(Net(), [])[:2] == ["emb.weight", "layers.0.attn.weight"]
+    assert get_parameter_names(Net(), [])[-3:] == ["frozen.weight", "frozen.bias", "scale"]
+
+
+def test_get_parameter_names_equals_the_reference_when_installed():
+    reference = pytest.importorskip("transformers.trainer_pt_utils").get_parameter_names
+    patterns = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
+    model = Net()
+    existing = {n for n, _ in model.named_parameters()}
+    for types_, names in (([nn.LayerNorm], None), ([nn.LayerNorm, nn.RMSNorm], patterns), ([], ["^layers"])):
+        # the same names in the same order, less the reference's names of parameters registered as None
+        expected = [n for n in reference(model, types_, names) if n in existing]
+        assert get_parameter_names(model, types_, names) == expected
+
+
 def test_build_param_groups_splits_trainable_params():
     model = Net()
     groups = build_param_groups(model, 0.1)

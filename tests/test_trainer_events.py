@@ -156,15 +156,15 @@ def test_printer_callback_keeps_total_flos(out_dir):
     assert "total_flos" in trainer.state.log_history[-1]
 
 
-def test_log_does_not_mutate_callers_dict(out_dir):
+def test_log_adds_epoch_to_the_callers_dict_as_the_reference(out_dir):
     trainer = Trainer(model=RegressionModel(), args=make_args(out_dir), train_dataset=RegressionDataset())
     trainer.train()
     logs = {"custom": 1.0}
     trainer.log(logs)
-    assert logs == {"custom": 1.0}
-    assert trainer.state.log_history[-1]["custom"] == 1.0
-    assert trainer.state.log_history[-1]["epoch"] == 3.0
-    # evaluate() still returns epoch, as the reference's does
+    assert logs == {"custom": 1.0, "epoch": 3.0}  # tests/test_dropin_observables.py compares with the reference
+    assert trainer.state.log_history[-1] == {"custom": 1.0, "epoch": 3.0, "step": trainer.state.global_step}
+    logs["later"] = 2.0  # the history holds a copy
+    assert "later" not in trainer.state.log_history[-1]
     assert "epoch" in trainer.evaluate(RegressionDataset(length=8))
 
 

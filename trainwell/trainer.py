@@ -499,9 +499,9 @@ class Trainer:
         contents.save_rng_and_data_position(self, output_dir)
 
     def save_state(self) -> None:
-        """Write ``trainer_state.json`` into ``output_dir``."""
-        if self.args.should_save:
-            self.state.record_callback_states(self.callback_handler.callbacks + [self.control])
+        """Write ``self.state`` as it is to ``output_dir/trainer_state.json`` (first process only). The callback
+        states are those recorded when training began or at the last checkpoint, as with the reference."""
+        if self.is_world_process_zero():
             os.makedirs(self.args.output_dir, exist_ok=True)
             self.state.save_to_json(os.path.join(self.args.output_dir, TRAINER_STATE_NAME))
 

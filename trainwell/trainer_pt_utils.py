@@ -12,7 +12,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["nested_concat", "nested_numpify", "nested_detach", "nested_truncate"], "trainwell.loop.gather"),
     "find_batch_size": "trainwell.loop.accumulation",
     "LabelSmoother": "trainwell.loop.losses",
-    "LengthGroupedSampler": "trainwell.data.length_grouped",
+    **dict.fromkeys(["LengthGroupedSampler", "DistributedLengthGroupedSampler"], "trainwell.data.length_grouped"),
     "BatchRebalanceSampler": "trainwell.data.rebalance",
     "get_parameter_names": "trainwell.optim.param_groups",
     "AcceleratorConfig": "trainwell.training_args",

@@ -9,6 +9,7 @@ preemption saves), the reference's public attributes and the runtime. Checking t
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import warnings
@@ -117,12 +118,36 @@ def _not_a_module(model: Any) -> str:
 
 
 def call_model_init(model_init: Callable, trial: Any) -> nn.Module:
-    """``model_init()`` or ``model_init(trial)``, whichever it takes; None is an error."""
-    n_args = len(inspect.signature(model_init).parameters)
+    """``model_init()`` or ``model_init(trial)``, by the number of parameters its signature lists (counted as
+    the reference counts them, :func:`number_of_arguments`); any other number is the reference's RuntimeError,
+    never a call that passes the trial to a parameter meant for something else. None is an error."""
+    n_args = number_of_arguments(model_init)
+    if n_args not in (0, 1):
+        raise RuntimeError(
+            f"model_init should have 0 or 1 argument: {short_repr(model_init)} takes {n_args} "
+            f"({_parameter_names(model_init)}). Pass a function that takes nothing, or only the trial, e.g. "
+            "model_init=lambda: MyModel(a=0.0, b=0.0) or functools.partial(MyModel, a=0.0, b=0.0)."
+        )
     model = model_init() if n_args == 0 else model_init(trial)
     if model is None:
         raise RuntimeError("model_init returned None: it must return a torch.nn.Module.")
     return model
+
+
+def number_of_arguments(func: Callable) -> int:
+    """The parameters ``inspect.signature`` lists for ``func`` (``*args``/``**kwargs`` and defaulted ones
+    count too); for a ``functools.partial``, those of the wrapped function less the arguments it binds. The
+    reference's count, so a ``model_init`` is called the same way under both Trainers."""
+    if isinstance(func, functools.partial):
+        return len(inspect.signature(func.func).parameters) - len(func.args) - len(func.keywords)
+    return len(inspect.signature(func).parameters)
+
+
+def _parameter_names(func: Callable) -> str:
+    try:
+        return ", ".join(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return "its parameters cannot be read"
 
 
 def label_smoothing(args: Any, model: nn.Module) -> float | None:

@@ -274,8 +274,14 @@ def coerce_bools(args: Any) -> None:
             ) from None
 
 
+# int fields where the reference refuses a float, even a whole one (its check is ``isinstance(value, int)``), so a
+# config that passes here passes there: ``torch_empty_cache_steps=1.0`` is an error in both.
+_INT_ONLY_FIELDS = frozenset({"torch_empty_cache_steps"})
+
+
 def coerce_numbers(args: Any) -> None:
-    """Check int/float fields hold numbers; numeric strings become numbers, whole floats in int fields ints.
+    """Check int/float fields hold numbers; numeric strings become numbers, whole floats in int fields ints
+    (except in the fields of ``_INT_ONLY_FIELDS``, where validation refuses a float as the reference does).
 
     YAML 1.1 reads ``learning_rate: 5e-5`` as the *string* "5e-5" (it wants ``5.0e-5``), and JSON writers
     may turn 8 into 8.0. A value that is not a number is an error here rather than a ``TypeError`` deep
@@ -283,6 +289,8 @@ def coerce_numbers(args: Any) -> None:
     """
     for name, (kind, optional) in _numeric_fields(type(args)).items():
         value = getattr(args, name)
+        if name in _INT_ONLY_FIELDS and isinstance(value, float):
+            continue  # left a float, for validation to refuse
         if value is not None or not optional:
             setattr(args, name, _to_number(name, value, kind))
 

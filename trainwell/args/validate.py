@@ -73,8 +73,8 @@ def _check_sizes(args: Any) -> None:
         )
     if args.torch_empty_cache_steps is not None and not _positive_int(args.torch_empty_cache_steps):
         raise ValueError(
-            f"torch_empty_cache_steps={args.torch_empty_cache_steps!r}: pass a positive integer, "
-            "or None to never empty the device cache."
+            f"torch_empty_cache_steps={args.torch_empty_cache_steps!r}: pass a positive integer (an int such "
+            "as 10, not a float: the reference refuses 1.0 too), or None to never empty the device cache."
         )
 
 

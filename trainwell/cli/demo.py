@@ -84,8 +84,8 @@ def _make_trainer_class() -> type:
         """Adds validation perplexity (exp of the mean loss) to every evaluation log."""
 
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-            if "eval_loss" in logs:
-                logs = {**logs, "eval_perplexity": _perplexity(logs["eval_loss"])}
+            if "eval_loss" in logs:  # in place, as Trainer.log itself adds epoch: evaluate() returns it too
+                logs["eval_perplexity"] = _perplexity(logs["eval_loss"])
             super().log(logs, start_time)
 
     return DemoTrainer

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, SequentialSampler
 
-from trainwell.data.length_grouped import LengthGroupedSampler, sample_lengths
+from trainwell.data.length_grouped import ResumableLengthGroupedSampler, sample_lengths
 from trainwell.data.rebalance import BatchRebalanceSampler, yields_rank_batches
 from trainwell.data.samplers import ResumableSampler
 from trainwell.data.sharding import (
@@ -176,7 +176,7 @@ def train_sampler(dataset: Dataset, args: Any, batch_size: int = 1, input_name: 
     seed = args.data_seed if args.data_seed is not None else args.seed
     if strategy == "group_by_length":
         lengths = sample_lengths(dataset, args.length_column_name, input_name)
-        return LengthGroupedSampler(lengths, batch_size, seed=seed)
+        return ResumableLengthGroupedSampler(lengths, batch_size, seed=seed)
     if strategy == "batch_rebalance":
         lengths = sample_lengths(dataset, args.length_column_name, input_name, strategy)
         return rebalance_sampler(lengths, args, batch_size, seed)

@@ -27,12 +27,14 @@ if TYPE_CHECKING:
 
 
 def log(hooks: TrainerHooks, logs: dict[str, float], start_time: float | None = None) -> None:
-    """Record ``logs`` (plus ``epoch`` and token counts) in ``state.log_history`` and fire ``on_log``.
+    """Add ``epoch`` (and the token counts) to ``logs``, record a copy with ``step`` in ``state.log_history``
+    and fire ``on_log`` with ``logs``.
 
-    Unlike the reference, the caller's dict is never modified.
+    As with the reference, the caller's dict is updated in place: what ``evaluate()`` returns, and what a
+    subclass that logs its own metrics returns (the example scripts' ``QuestionAnsweringTrainer``), carries
+    the ``epoch`` it was logged with.
     """
     state, run = hooks.state, hooks.training_run
-    logs = dict(logs)
     if state.epoch is not None:
         logs["epoch"] = state.epoch
     if hooks.args.include_num_input_tokens_seen != "no":

@@ -61,10 +61,8 @@ def evaluate(hooks: TrainerHooks, eval_dataset: Any, ignore_keys: list[str] | No
     )
     metrics = dict(output.metrics)
     metrics.update(_speed(hooks, prefix, start, output.num_samples))
-    hooks.log(metrics)
+    hooks.log(metrics)  # adds epoch (and token counts) to metrics: evaluate() returns them, as the reference's
     hooks.control = hooks.callback_handler.on_evaluate(hooks.args, hooks.state, hooks.control, metrics=metrics)
-    if hooks.state.epoch is not None:
-        metrics["epoch"] = hooks.state.epoch  # the reference's evaluate() returns it too
     return metrics
 
 
@@ -253,7 +251,8 @@ class _EvalRun:
             metrics = checked_metrics(trainer.compute_metrics(prediction), trainer.compute_metrics)
         metrics = to_python(dict(metrics))
         if losses is not None and len(losses):
-            metrics["loss"] = finite_mean(np.asarray(losses, dtype=np.float64).tolist(), args.logging_nan_inf_filter)
+            losses = np.asarray(losses, dtype=np.float64).tolist()
+            metrics[f"{prefix}_loss"] = finite_mean(losses, args.logging_nan_inf_filter)
         dataset = getattr(self.dataloader, "dataset", None)
         num_samples = len(dataset) if has_length(dataset) else self.observed
         return EvalLoopOutput(predictions=preds, label_ids=labels, metrics=_prefixed(metrics, prefix),
@@ -274,5 +273,11 @@ def _with_last(iterable: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
 
 
 def _prefixed(metrics: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """Every key as ``{prefix}_{key}`` (keys that already carry the prefix are left alone)."""
-    return {k if k.startswith(f"{prefix}_") else f"{prefix}_{k}": v for k, v in metrics.items()}
+    """Every key as ``{prefix}_{key}``, in the reference's order: keys that already carry the prefix (the loss
+    among them) keep their places, the others follow, renamed, in their order; a renamed key that is already
+    there (``loss`` from ``compute_metrics``) replaces that value in place."""
+    out = {k: v for k, v in metrics.items() if k.startswith(f"{prefix}_")}
+    for key, value in metrics.items():
+        if not key.startswith(f"{prefix}_"):
+            out[f"{prefix}_{key}"] = value
+    return out

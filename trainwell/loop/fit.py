@@ -119,7 +119,9 @@ class FitLoop:
         hooks, args, resume = self.hooks, self.args, self.resume
         roles = {"is_local_process_zero": hooks.runtime.is_local_main_process,
                  "is_world_process_zero": hooks.runtime.is_main_process}
-        hooks.state = TrainerState(**roles)
+        # The callbacks' states as training begins, as the reference records them (save_state() writes these
+        # until a checkpoint records newer ones).
+        hooks.state = TrainerState(**roles, stateful_callbacks=[*hooks.callback_handler.callbacks, hooks.control])
         if resume is not None:
             hooks.state = resume.restore_state(hooks, plan)
             if args.restore_callback_states_from_checkpoint:
@@ -199,15 +201,11 @@ class FitLoop:
         hooks.store_flos()
         metrics["total_flos"] = state.total_flos
         metrics["train_loss"] = train_loss
-        if self.args.include_num_input_tokens_seen != "no":
-            metrics["num_input_tokens_seen"] = state.num_input_tokens_seen
-        if state.epoch is not None:
-            metrics["epoch"] = state.epoch  # the reference's TrainOutput.metrics carries it too
         if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
             hooks._load_best_model()
         if self.add_memory is not None:
             self.add_memory(metrics)  # train_mem_* (and init_mem_*) are logged with the train metrics
-        hooks.log(metrics)
+        hooks.log(metrics)  # adds epoch and the token count: TrainOutput.metrics carries them, as the reference's
         if self.args.should_save and self.args.save_total_limit == 1 and state.best_model_checkpoint is not None:
             keep_only_best(hooks._get_output_dir(self.trial), state.best_model_checkpoint)
         self._fire("on_train_end")

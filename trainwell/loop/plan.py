@@ -33,9 +33,10 @@ def require_max_steps(has_length: bool, max_steps: int) -> None:
 class StepPlan:
     """How long a run is and how its epochs split into optimizer steps.
 
-    Iterating a plan gives the reference's ``set_initial_training_values`` tuple: ``(num_train_epochs,
+    A plan unpacks and indexes as the reference's ``set_initial_training_values`` tuple: ``(num_train_epochs,
     num_update_steps_per_epoch, num_examples, num_train_samples, total_train_batch_size, steps_in_epoch,
-    max_steps)``, so code written against the reference can unpack it.
+    max_steps)``, so code written against the reference can unpack it or read ``plan[5]`` (``steps_in_epoch``,
+    what the reference's test helpers read) and ``len(plan) == 7``.
     """
 
     num_train_epochs: int  #: epochs the loop walks (``sys.maxsize`` for data without a length)
@@ -47,9 +48,19 @@ class StepPlan:
     max_steps: int
     accumulation: int = 1  #: micro-batches per optimizer step (``gradient_accumulation_steps``)
 
+    def as_tuple(self) -> tuple[int, int, int, float, int, int, int]:
+        """The reference's 7-tuple (``accumulation`` is not in it)."""
+        return (self.num_train_epochs, self.updates_per_epoch, self.num_examples, self.num_train_samples,
+                self.total_train_batch_size, self.steps_in_epoch, self.max_steps)
+
     def __iter__(self) -> Any:
-        return iter((self.num_train_epochs, self.updates_per_epoch, self.num_examples, self.num_train_samples,
-                     self.total_train_batch_size, self.steps_in_epoch, self.max_steps))
+        return iter(self.as_tuple())
+
+    def __getitem__(self, index: int | slice) -> Any:
+        return self.as_tuple()[index]
+
+    def __len__(self) -> int:
+        return 7
 
     @classmethod
     def of(cls, values: StepPlan | tuple, accumulation: int) -> StepPlan:

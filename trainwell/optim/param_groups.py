@@ -32,13 +32,15 @@ def get_parameter_names(
     forbidden_layer_names: Sequence[str] | None = None,
 ) -> list[str]:
     """Names of ``model``'s parameters that are not inside a forbidden module type and whose name does not
-    match a forbidden pattern.
+    match a forbidden pattern, in the reference's order: each module's children first (depth first, in
+    ``named_children()`` order), then the module's own parameters.
 
     ``forbidden_layer_types``: parameters of any *submodule* that is an instance of one of these are left out
     (the root module itself is never checked). ``forbidden_layer_names``: regular expressions searched (not
     full-matched) in the lower-cased dotted name, as seen from every enclosing module, so ``"^norm"`` excludes
-    ``"encoder.norm.weight"`` too. Parameters registered as ``None`` are skipped. Names are those of
-    ``model.named_parameters(remove_duplicate=False)``; tied parameters appear under each of their names.
+    ``"encoder.norm.weight"`` too. A module registered under two names is walked once, under the first (as
+    ``named_children()`` does). Unlike the reference, parameters registered as ``None`` (the ``bias`` of
+    ``nn.Linear(bias=False)``) are skipped: every name listed is one ``named_parameters()`` can yield.
     """
     types = tuple(forbidden_layer_types)
     patterns = [re.compile(p) for p in forbidden_layer_names or ()]
@@ -47,13 +49,13 @@ def get_parameter_names(
         return not any(p.search(name.lower()) for p in patterns)
 
     def walk(module: nn.Module) -> list[str]:
-        names = [k for k, p in module._parameters.items() if p is not None and allowed(k)]
-        for child_name, child in module._modules.items():
-            if child is None or (types and isinstance(child, types)):
+        names = []
+        for child_name, child in module.named_children():
+            if types and isinstance(child, types):
                 continue
             # Re-checking the patterns at every level reproduces the reference's semantics exactly.
             names += [full for n in walk(child) if allowed(full := f"{child_name}.{n}")]
-        return names
+        return names + [k for k, p in module._parameters.items() if p is not None and allowed(k)]
 
     return walk(model)
 
