@@ -19,7 +19,11 @@ def _load():
     spec = importlib.util.spec_from_file_location("gpu_benchmark", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
+    path = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = path  # the script puts benchmarks/ first: keep its file names from shadowing other modules
     return module
 
 
