@@ -152,7 +152,15 @@ class Runtime:
 
     # ----------------------------------------------------------------------------------------- preparation
     def prepare_model(self, model: torch.nn.Module, evaluation_mode: bool = False) -> torch.nn.Module:
-        """Place the model and wrap it (DDP, autocast) as Accelerate decides."""
+        """Place the model and wrap it (DDP, autocast) as Accelerate decides.
+
+        Compiled in mixed precision on one process, the model is compiled first: Accelerate then wraps the
+        compiled module's ``forward`` in autocast and its float32 output cast, so they run around the compiled
+        graphs as a hand-written ``with torch.autocast(...)`` does. Compiled together with the model (Accelerate's
+        order), each graph break of the model splits the wrappers' frames into more graphs and breaks.
+        """
+        if self.compile_backend is not None and not self.distributed and self.precision.mode in ("bf16", "fp16"):
+            model = self.compiled(model)
         return self.accelerator.prepare_model(model, evaluation_mode=evaluation_mode)
 
     def prepare(
