@@ -21,4 +21,5 @@ fi
 .venv/bin/ruff check .
 markers=(-m "not slow")
 if [ "${TRAINWELL_SLOW:-0}" = "1" ]; then markers=(); fi
-exec .venv/bin/python -m pytest -q "${markers[@]}" "$@"
+# --durations: the 20 slowest tests close the output, so a test that grows slow shows.
+exec .venv/bin/python -m pytest -q --durations=20 "${markers[@]}" "$@"
