@@ -164,9 +164,9 @@ def test_the_causal_lm_example_runs_here_and_on_the_reference(lm_workspace, tmp_
     ref = json.loads((theirs / "all_results.json").read_text())
     assert {"README.md", "model.safetensors", "eval_results.json"} <= set(os.listdir(ours))
     assert mine["perplexity"] < 6.0  # it learned something (uniform over the 12 tokens: 12)
-    # The documented difference (README): trainwell divides by the tokens a shifting model predicts (15 of 16 per
-    # block), the reference by every label, so its training and evaluation losses read 15/16 of trainwell's (the
-    # weights agree closely: Adam barely notices a constant factor in the gradients).
+    # The documented difference (docs/differences.md): trainwell divides by the tokens a shifting model predicts
+    # (15 of 16 per block), the reference by every label, so its training and evaluation losses read 15/16 of
+    # trainwell's (the weights agree closely: Adam barely notices a constant factor in the gradients).
     assert ref["train_loss"] == pytest.approx(mine["train_loss"] * 15 / 16, rel=1e-2)
     assert ref["eval_loss"] == pytest.approx(mine["eval_loss"] * 15 / 16, rel=1e-2)
 

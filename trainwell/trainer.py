@@ -71,7 +71,7 @@ class Trainer:
     """Train, evaluate and predict with any ``torch.nn.Module`` (``transformers`` models included).
 
     A drop-in for ``transformers.Trainer``: same constructor, arguments, metric names, checkpoint layout and
-    callback events. See the README for the places where trainwell deliberately differs.
+    callback events. docs/differences.md lists the places where trainwell deliberately differs.
     """
 
     #: True/False: the loss from ``compute_loss`` is already normalized over the whole accumulation window

@@ -20,7 +20,7 @@ from typing import Any
 
 from trainwell.cli import CliError, compact_console
 
-# ~2 minutes on a 2-core CPU for the "small" model (measured; see the README's main-job section).
+# ~2 minutes on a 2-core CPU for the "small" model (measured; see docs/cli.md, `trainwell demo`).
 DEFAULT_STEPS = 1000
 _PROMPT = b"def "
 
