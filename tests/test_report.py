@@ -156,3 +156,11 @@ def test_a_search_folder_compares_its_trials(tmp_path, capsys):
         from trainwell.report.history import expand_search_folders
 
         expand_search_folders([str(tmp_path / "run-0" / "checkpoint-2" / "nothing")])
+
+
+def test_log_throughput_gets_a_throughput_and_an_mfu_plot():
+    series = {"loss": [(2, 2.0)], "tokens_per_second": [(2, 900.0)], "mfu": [(2, 0.41)],
+              "eval_samples_per_second": [(2, 50.0)]}
+    groups = plot_groups(series)
+    assert groups["throughput"] == ["tokens_per_second"]  # the evaluation speed is on another scale
+    assert groups["mfu"] == ["mfu"]

@@ -51,7 +51,8 @@ def plot_groups(series: dict[str, Any]) -> dict[str, list[str]]:
     """Figure name -> the metrics it shows, for the metrics present in ``series``.
 
     ``loss`` (training and validation loss together), ``learning_rate``, ``grad_norm``, one figure per other
-    evaluation metric, and ``throughput`` (every ``*_per_second`` key).
+    evaluation metric, ``throughput`` (the training ``*_per_second`` keys; evaluation speeds when alone) and
+    ``mfu``.
     """
     groups: dict[str, list[str]] = {}
     loss = [k for k in ("loss", "eval_loss") if k in series]
@@ -64,10 +65,13 @@ def plot_groups(series: dict[str, Any]) -> dict[str, list[str]]:
         if key.startswith("eval_") and key != "eval_loss" and not key.endswith(("_per_second",) + _SKIP_EVAL):
             groups[key] = [key]
     speed = sorted(k for k in series if k.endswith("_per_second"))
-    training_speed = [k for k in speed if k.startswith("train_")]
+    # training speeds: log_throughput's per-window tokens_per_second, and the cumulative train_*_per_second
+    training_speed = [k for k in speed if k.startswith("train_") or k == "tokens_per_second"]
     speed = training_speed or speed  # eval speeds are on another scale; show them only when alone
     if speed:
         groups["throughput"] = speed
+    if "mfu" in series:  # log_throughput on a GPU of known peak: model FLOPs utilization, a fraction
+        groups["mfu"] = ["mfu"]
     return groups
 
 
