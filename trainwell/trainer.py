@@ -214,7 +214,7 @@ class Trainer:
         if self.args.activation_checkpointing:
             wiring.enable_activation_checkpointing(self.model, self.args.activation_checkpointing_kwargs)
         with techniques.during_training(self), failures.stop_together(self, last_usable_checkpoint):
-            resume = Resume.find(resume_from_checkpoint, self.args.output_dir, self.args.verify_checkpoint_checksums)
+            resume = Resume.of(self, resume_from_checkpoint)  # every process resumes the same checkpoint
             if resume is not None:
                 resume.restore(self, contents.Phase.WEIGHTS)
             add_memory = functools.partial(self._memory_tracker.stop, "train")

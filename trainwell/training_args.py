@@ -401,8 +401,10 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
         """
         from accelerate import PartialState
 
+        from trainwell.args.launcher import accelerate_cpu
+
         backend = {"backend": self.ddp_backend} if self.ddp_backend else {}
-        return PartialState(cpu=bool(self.use_cpu), timeout=self.ddp_timeout_delta, **backend)
+        return PartialState(cpu=accelerate_cpu(self), timeout=self.ddp_timeout_delta, **backend)
 
     def get_process_log_level(self) -> int:
         """The ``logging`` level for this process: ``log_level`` if ``should_log``, else ``log_level_replica``.

@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from trainwell.args.launcher import accelerate_cpu, launched_processes
 from trainwell.backend.precision import check_precision_supported
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def build_accelerator(args: Any, model: Any = None) -> Any:
     with _clear_mesh_errors(args):
         accelerator = Accelerator(
             mixed_precision=mixed_precision,
-            cpu=bool(args.use_cpu),
+            cpu=accelerate_cpu(args),  # several CPU processes are joined over gloo even with use_cpu=False
             kwargs_handlers=_kwargs_handlers(args),
             dataloader_config=dl_config,
             dynamo_plugin=_dynamo_plugin(args),
@@ -70,6 +71,7 @@ def build_accelerator(args: Any, model: Any = None) -> Any:
             rng_types=[],
         )
     _check_engine_active(args, accelerator)
+    _check_processes_joined(args, accelerator)
     return accelerator
 
 
@@ -234,6 +236,31 @@ def _check_engine_active(args: Any, accelerator: Any) -> None:
                 "distributed launcher (torchrun --nproc_per_node N, or accelerate launch --num_processes N), never "
                 "with use_cpu=True, and FSDP only on GPUs. Launch it that way, or drop the option."
             )
+
+
+def _check_processes_joined(args: Any, accelerator: Any) -> None:
+    """A launcher started several processes but Accelerate set this one up alone: refuse, naming the fix.
+
+    Each process would train its own copy of the run, believe it is the main process and write the same
+    ``output_dir`` (the reference does that silently). Left after ``accelerate_cpu``: an MPS machine (Accelerate
+    joins processes on GPUs, or on CPUs with ``cpu=True``) and DeepSpeed on CPUs without the gloo backend.
+    """
+    launched = launched_processes()
+    if launched <= 1 or accelerator.num_processes > 1:
+        return
+    device = accelerator.device.type
+    if args.deepspeed or _launched_with("ACCELERATE_USE_DEEPSPEED"):
+        fix = "DeepSpeed joins CPU processes over gloo only: pass ddp_backend='gloo'"
+    elif device == "cpu":
+        fix = "launch with torchrun or accelerate launch --multi_gpu, which set the process group up"
+    else:
+        fix = (f"Accelerate joins several processes on {device} only through the CPU: pass use_cpu=True to train "
+               "them together on CPUs (gloo), or launch a single process")
+    raise RuntimeError(
+        f"The launcher started {launched} processes (WORLD_SIZE={launched}) but Accelerate set this one up to train "
+        f"alone ({accelerator.distributed_type.value}, 1 process on {device}): each process would train its own "
+        f"copy and write the same output_dir ({args.output_dir}). To train them as one job, {fix}."
+    )
 
 
 def _precision_from_flags(args: Any) -> str:

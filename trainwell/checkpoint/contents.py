@@ -340,7 +340,33 @@ def save_scaler(trainer: TrainerHooks, directory: str) -> None:
 
 
 def save_rng_and_data_position(trainer: TrainerHooks, directory: str) -> None:
-    """This process's RNG states and, for a stateful iterable dataset, its position (every process)."""
+    """Every process's RNG states and, for a stateful iterable dataset, its position (every process calls it).
+
+    With several processes they are gathered, and the writers (``args.should_save``) write all of them: only writers
+    touch a checkpoint folder (no two processes write one file), the folder is complete on a disk the others cannot
+    see, and each node's copy with ``save_on_each_node`` holds every process's state, so a restart that numbers the
+    nodes differently (torchrun's c10d rendezvous does) still finds its files.
+    """
+    files = {"rng": _rng_to_save(trainer), "data_position": None}
+    run = trainer.training_run
+    position = run.feed.position if run is not None else None
+    if position is not None:
+        files["data_position"] = position.state_dict()
+    runtime = trainer.runtime
+    if runtime.num_processes == 1:
+        everyone = [files]
+    else:
+        everyone = runtime.all_gather_object(files)  # a few KiB per process
+        if not trainer.args.should_save:
+            return
+    for rank, pieces in enumerate(everyone):
+        for name, value in pieces.items():
+            if value is not None:
+                torch_save(value, piece_file(directory, name, rank, runtime.num_processes))
+
+
+def _rng_to_save(trainer: TrainerHooks) -> dict[str, Any]:
+    """This process's RNG states, with what a resume mid-epoch needs to draw the same again."""
     run = trainer.training_run
     state = get_rng_state()
     if run is not None and run.feed.epoch_rng is not None:
@@ -349,10 +375,7 @@ def save_rng_and_data_position(trainer: TrainerHooks, directory: str) -> None:
         state["read_ahead"] = run.feed.reader.pending_rng  # ... and reads its pending batch the same way again
     if run is not None:  # the log window in progress: logs after a resume equal the uninterrupted run's
         state["log_window"] = run.losses.window(lambda total: gather_loss_sum(trainer.runtime, total))
-    torch_save(state, _own_file(trainer, directory, "rng"))
-    position = run.feed.position if run is not None else None
-    if position is not None:
-        torch_save(position.state_dict(), _own_file(trainer, directory, "data_position"))
+    return state
 
 
 def _update_best_checkpoint(trainer: TrainerHooks, run_dir: str) -> None:

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,9 +57,19 @@ class Resume:
     windows_done: int = 0
 
     @classmethod
-    def find(cls, resume_from_checkpoint: str | bool | None, output_dir: str, checksums: bool = True
-             ) -> Resume | None:
+    def of(cls, hooks: TrainerHooks, resume_from_checkpoint: str | bool | None) -> Resume | None:
+        """:meth:`find` for a Trainer: its ``output_dir`` and checksum setting, agreed on by all its processes."""
+        args, runtime = hooks.args, hooks.runtime
+        gather = runtime.all_gather_object if runtime.distributed else None
+        return cls.find(resume_from_checkpoint, args.output_dir, args.verify_checkpoint_checksums, gather)
+
+    @classmethod
+    def find(cls, resume_from_checkpoint: str | bool | None, output_dir: str, checksums: bool = True,
+             gather: Callable[[Any], list[Any]] | None = None) -> Resume | None:
         """The resume of ``train(resume_from_checkpoint=...)``: None to train from scratch.
+
+        ``gather`` (a multi-process run's all-gather) makes it a collective: every process looks on its own disk,
+        and all resume the same step or all raise the same error (:func:`_agree`).
 
         ``True`` picks the newest complete checkpoint of ``output_dir`` whose files match its manifest
         (incomplete or damaged ones are skipped with a warning naming the file), else the newest one that can be
@@ -67,6 +78,8 @@ class Resume:
         or state, or whose files differ from its manifest, raises ValueError naming the problem. ``checksums``
         False compares only the sizes of the files with the manifest (no file is read).
         """
+        if gather is not None:  # even when this process does not resume: another may, and must not wait alone
+            return _agree(cls, resume_from_checkpoint, output_dir, checksums, gather)
         if resume_from_checkpoint is None or resume_from_checkpoint is False:
             return None
         if resume_from_checkpoint is True:
@@ -137,6 +150,88 @@ class Resume:
     def restore_data(self, hooks: TrainerHooks, position: Any) -> bool:
         """Set a stateful dataset to its saved position; False when the batches must be replayed instead."""
         return load_data_position(hooks, self.path, position)
+
+
+def _agree(cls: type[Resume], resume_from_checkpoint: str | bool | None, output_dir: str, checksums: bool,
+           gather: Callable[[Any], list[Any]]) -> Resume | None:
+    """The checkpoint every process of a run resumes, each reading it on its own disk (a collective).
+
+    Nodes with their own disks (``save_on_each_node=True``) can hold different newest checkpoints: a node killed
+    between the others' publishing of ``checkpoint-N`` and its own lacks it. Then the oldest of the checkpoints
+    found (``True``, or each process's ``get_last_checkpoint(output_dir)``) is resumed if every process has it
+    complete, with a warning. Otherwise, a process that finds no checkpoint, cannot read the one named, or was not
+    asked to resume while others were makes every process raise the same error: never some resuming while others
+    start over or wait.
+    """
+    asked = resume_from_checkpoint is not None and resume_from_checkpoint is not False
+    found: tuple[bool, str | None, str | None] = (asked, None, None)
+    if asked:
+        try:
+            found = (True, cls.find(resume_from_checkpoint, output_dir, checksums).path, None)
+        except ValueError as err:
+            found = (True, None, str(err))
+    everyone = gather(found)
+    if not any(a for a, _, _ in everyone):
+        return None
+    if not all(a for a, _, _ in everyone):
+        idle = [rank for rank, (a, _, _) in enumerate(everyone) if not a]
+        raise ValueError(
+            f"train(resume_from_checkpoint=...) resumes {_by_rank(everyone, missing=False)} but not on {_names(idle)}"
+            ": every process must resume the same checkpoint, or none. get_last_checkpoint(output_dir) finds none "
+            f"on a node whose disk holds none; pass resume_from_checkpoint=True on every process. {_NOT_SHARED}"
+        )
+    lacking = [rank for rank, (_, path, _) in enumerate(everyone) if path is None]
+    if len(lacking) == len(everyone):
+        raise ValueError(everyone[0][2])  # the same for all: nothing to resume anywhere
+    if lacking:
+        raise ValueError(f"{_names(lacking).capitalize()}: {everyone[lacking[0]][2]} Found: "
+                         f"{_by_rank(everyone, missing=False)}. {_NOT_SHARED}")
+    steps = {checkpoint_step(path) for _, path, _ in everyone}
+    if len({path for _, path, _ in everyone}) == 1 or (len(steps) == 1 and None not in steps):
+        return cls(str(found[1]))
+    if None in steps:
+        raise ValueError(f"The processes found different checkpoints: {_by_rank(everyone)}. {_NOT_SHARED}")
+    return cls(_oldest_newest(str(found[1]), steps, everyone, checksums, gather))
+
+
+def _oldest_newest(mine: str, steps: set[int], everyone: list, checksums: bool, gather: Callable) -> str:
+    """The newest checkpoints differ between processes: the oldest of them, when every process has it complete."""
+    common = str(Path(mine).parent / f"{Path(mine).name.rsplit('-', 1)[0]}-{min(steps)}")
+    reason = "it is not there" if not os.path.isdir(common) else unusable_reason(common)
+    if reason is None and checksums:
+        reason = manifest_problem(common)
+    reasons = gather(reason)
+    unreadable = [rank for rank, why in enumerate(reasons) if why is not None]
+    if unreadable:
+        raise ValueError(
+            f"The processes' newest checkpoints differ ({_by_rank(everyone)}), and {Path(common).name} cannot be "
+            f"resumed on {_names(unreadable)}: {reasons[unreadable[0]]}. {_NOT_SHARED}"
+        )
+    logger.warning("The processes' newest checkpoints differ (%s): resuming %s, the newest that every process has "
+                   "complete.", _by_rank(everyone), Path(common).name)
+    return common
+
+
+_NOT_SHARED = ("Every process reads the checkpoint it resumes from its own output_dir: on disks local to each node, "
+               "train with save_on_each_node=True (each node keeps a complete copy) or copy the checkpoint folder to "
+               "every node (torchrun's c10d rendezvous may number the nodes differently after a restart, so the "
+               "node that wrote it need not be process 0's again); on a shared file system, check that every node "
+               "mounts it at the same path.")
+
+
+def _names(ranks: list[int]) -> str:
+    """``process 1`` or ``processes 2, 3``."""
+    return ("process " if len(ranks) == 1 else "processes ") + ", ".join(str(rank) for rank in ranks)
+
+
+def _by_rank(everyone: list[tuple[bool, str | None, str | None]], missing: bool = True) -> str:
+    """Process ranks grouped by the checkpoint each found: ``checkpoint-6 on process 0, 1; checkpoint-3 on
+    process 2, 3`` (``missing``: with the processes that found none)."""
+    groups: dict[str, list[int]] = {}
+    for rank, (_, path, _) in enumerate(everyone):
+        if path is not None or missing:
+            groups.setdefault(str(path) if path else "none", []).append(rank)
+    return "; ".join(f"{name} on {_names(ranks)}" for name, ranks in groups.items())
 
 
 def warn_changed_arguments(path: str, saved: TrainerState, args: Any, max_steps: int) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainwell.backend.runtime import gather_loss_sum
+from trainwell.checkpoint import disks
 from trainwell.checkpoint.contents import Phase
 from trainwell.checkpoint.layout import clean_temporary, keep_only_best
 from trainwell.data.train_loader import TrainFeed
@@ -66,6 +67,11 @@ class FitLoop:
 
     def run(self) -> TrainOutput:
         hooks, args, resume = self.hooks, self.args, self.resume
+        runtime = hooks.runtime
+        if runtime.distributed:  # shared or node-local output_dir: refuse what cannot work before any step
+            placement = disks.probe(args.output_dir, args.should_save, runtime.all_gather_object)
+            disks.check(placement, args, runtime.shards_model or runtime.uses_deepspeed, runtime.is_main_process,
+                        one_folder=runtime.shards_model)
         if args.should_save:
             clean_temporary(args.output_dir)  # folders of a save that was interrupted
         loader = hooks.get_train_dataloader()

@@ -71,12 +71,12 @@ def train_with_batch_search(trainer: Any, train_once: Callable[[str | bool | Non
 
 def restore_chosen_size(trainer: Any, resume_from_checkpoint: str | bool | None) -> None:
     """On a resume, take back the micro-batch an earlier search chose (kept in the checkpoint's state)."""
-    if not resume_from_checkpoint:
-        return
     from trainwell.checkpoint.resume import Resume
     from trainwell.state import TrainerState
 
-    resume = Resume.find(resume_from_checkpoint, trainer.args.output_dir, trainer.args.verify_checkpoint_checksums)
+    resume = Resume.of(trainer, resume_from_checkpoint)  # with several processes, all of them take part
+    if resume is None:
+        return
     state = TrainerState.load_from_json(f"{resume.path}/trainer_state.json")
     chosen, micro = state.train_batch_size, trainer._train_batch_size
     if chosen and chosen < micro and (micro * trainer.args.gradient_accumulation_steps) % chosen == 0:
