@@ -136,6 +136,9 @@ def test_a_sharded_checkpoint_without_its_metadata_is_incomplete(runs, tmp_path)
         shutil.copytree(runs.workdir("fsdp2") / f"checkpoint-{step}", run_dir / f"checkpoint-{step}")
     assert incomplete_reason(run_dir / "checkpoint-6") is None
     (run_dir / "checkpoint-6" / "optimizer_0" / ".metadata").unlink()  # a save killed before the coordinator finished
+    assert incomplete_reason(run_dir / "checkpoint-6") == "optimizer_0/.metadata is missing (the manifest lists it)"
+    for step in (3, 6):  # such a save writes no manifest (it comes last): the layout checks alone then
+        (run_dir / f"checkpoint-{step}" / "checkpoint_manifest.json").unlink()
     assert incomplete_reason(run_dir / "checkpoint-6") == "optimizer.pt or optimizer_0/.metadata or latest is missing"
     (run_dir / "checkpoint-3" / "pytorch_model_fsdp_0" / ".metadata").unlink()
     assert incomplete_reason(run_dir / "checkpoint-3") == "no model weights file"
