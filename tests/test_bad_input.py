@@ -169,6 +169,7 @@ ROWS: list[tuple[dict, type, str]] = [
     ({"do_predict": "maybe"}, ValueError, r"^do_predict='maybe': pass True or False"),
     ({"save_async": "maybe"}, ValueError, r"^save_async='maybe': pass True or False"),
     ({"verify_checkpoint_checksums": "often"}, ValueError, r"^verify_checkpoint_checksums='often': pass True or"),
+    ({"log_throughput": "sometimes"}, ValueError, r"^log_throughput='sometimes': pass True or"),
     ({"fp16_full_eval": 3}, ValueError, r"^fp16_full_eval=3: pass True or False\.$"),
     ({"run_name": 42}, ValueError, r"^run_name=42: pass a string"),
     ({"project": 42}, ValueError, r"^project=42: pass a string"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import sys
 import time
 
@@ -103,11 +104,19 @@ def test_unknown_stage_is_rejected():
         MemoryTracker(skip_memory_metrics=True).start("training")
 
 
+def _fresh_pages(size: int) -> mmap.mmap:
+    """``size`` bytes of new, written pages: an anonymous mapping, so RSS grows by ``size`` whatever malloc keeps
+    resident from earlier tests (a heap that reuses freed pages would hide a malloc'd buffer)."""
+    pages = mmap.mmap(-1, size)
+    np.frombuffer(pages, dtype=np.uint8)[:] = 1  # write every page
+    return pages
+
+
 def test_a_100mb_buffer_freed_inside_the_stage_shows_as_a_peak(tracker):
     tracker.start("train")
-    buf = np.ones(100 * MB, dtype=np.uint8)  # ones() writes every page, so RSS really grows
+    buf = _fresh_pages(100 * MB)
     time.sleep(0.3)  # gives the sampling thread the GIL while the buffer is alive
-    del buf
+    buf.close()
     metrics: dict = {}
     tracker.stop("train", metrics)
     assert 80 * MB <= metrics["train_mem_cpu_peaked_delta"] <= 400 * MB
@@ -116,11 +125,11 @@ def test_a_100mb_buffer_freed_inside_the_stage_shows_as_a_peak(tracker):
 
 def test_a_100mb_buffer_kept_shows_as_allocated(tracker):
     tracker.start("train")
-    buf = np.ones(100 * MB, dtype=np.uint8)
+    buf = _fresh_pages(100 * MB)
     metrics: dict = {}
     tracker.stop("train", metrics)
     assert 80 * MB <= metrics["train_mem_cpu_alloc_delta"] <= 400 * MB
-    del buf
+    buf.close()
 
 
 def test_skipped_tracker_starts_no_thread_and_imports_no_psutil(monkeypatch):
