@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from torch import nn
 
 from tests.common.models import TinyTokenLM
 from trainwell import Trainer, TrainerCallback, TrainingArguments
-from trainwell.utils import throughput
 from trainwell.utils.throughput import ThroughputWindow, non_embedding_parameters, peak_flops
 
 
@@ -25,47 +22,54 @@ class FixedTokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
-def _trainer(tmp_path, callbacks=(), **kwargs) -> Trainer:
+def _trainer(tmp_path, callbacks=(), eval_dataset=None, **kwargs) -> Trainer:
     settings = {"max_steps": 4, "per_device_train_batch_size": 2, "logging_steps": 2, "save_strategy": "no",
                 "report_to": "none", "disable_tqdm": True, "log_throughput": True, **kwargs}
     return Trainer(TinyTokenLM(), TrainingArguments(str(tmp_path), **settings), train_dataset=FixedTokens(),
-                   callbacks=list(callbacks))
+                   eval_dataset=eval_dataset, callbacks=list(callbacks))
 
 
-def test_each_training_log_has_the_window_throughput(tmp_path):
-    class Clock(TrainerCallback):  # when each training log was made; the steps are slowed to 0.05 s or more
-        def __init__(self):
-            self.times = []
+class FakeClock:
+    """The window's clock, moved only by the test's callbacks: rates come out exact, whatever the machine's load."""
 
-        def on_step_end(self, args, state, control, **kwargs):
-            time.sleep(0.05)
+    def __init__(self, monkeypatch) -> None:
+        self.now = 0.0
+        monkeypatch.setattr(ThroughputWindow, "clock", staticmethod(lambda: self.now))
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            self.times.append(time.perf_counter())
 
-    clock = Clock()
-    trainer = _trainer(tmp_path, [clock], max_steps=6)
+class Advance(TrainerCallback):
+    """Each step takes ``step`` seconds of training on the fake clock, each evaluation and each save ``other``."""
+
+    def __init__(self, clock: FakeClock, step: float, other: float = 0.0) -> None:
+        self.clock, self.step, self.other = clock, step, other
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.clock.now += self.step
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.clock.now += self.other
+
+    def on_save(self, args, state, control, **kwargs):
+        self.clock.now += self.other
+
+
+def test_each_training_log_has_the_window_throughput(tmp_path, monkeypatch):
+    clock = FakeClock(monkeypatch)
+    trainer = _trainer(tmp_path, [Advance(clock, step=0.05)], max_steps=6)
     trainer.train()
     logs = [e for e in trainer.state.log_history if "loss" in e]
-    assert len(logs) == 3
-    for entry in logs:
-        assert 0 < entry["tokens_per_second"] <= 2 * 2 * 8 / 0.1, entry  # 32 tokens per 2-step window, >= 0.1 s
-        assert "mfu" not in entry  # a CPU has no known peak
-    times = clock.times[:3]  # the last on_log is the end-of-train summary
-    for (before, after), entry in zip(zip(times, times[1:]), logs[1:], strict=True):
-        assert entry["tokens_per_second"] == pytest.approx(32 / (after - before), rel=0.3)
+    assert [e["tokens_per_second"] for e in logs] == [320.0] * 3  # 2 steps x 16 tokens per 0.1 s window
+    assert all("mfu" not in e for e in logs)  # a CPU has no known peak
     assert trainer.state.num_input_tokens_seen == 0  # its own count: include_num_input_tokens_seen is untouched
 
 
-def test_evaluating_and_saving_are_left_out_of_the_window(tmp_path):
-    class SlowSave(TrainerCallback):
-        def on_save(self, args, state, control, **kwargs):
-            time.sleep(1.0)
-
-    trainer = _trainer(tmp_path, [SlowSave()], save_strategy="steps", save_steps=1, max_steps=4)
+def test_evaluating_and_saving_are_left_out_of_the_window(tmp_path, monkeypatch):
+    clock = FakeClock(monkeypatch)
+    trainer = _trainer(tmp_path, [Advance(clock, step=0.05, other=1.0)], save_strategy="steps", save_steps=1,
+                       eval_strategy="steps", eval_steps=1, eval_dataset=FixedTokens())
     trainer.train()
-    rates = [e["tokens_per_second"] for e in trainer.state.log_history if "loss" in e]
-    assert min(rates) > 16  # with the second of saving per step counted, a 2-step window would be under 16 tokens/s
+    # counted, the two seconds of evaluating and saving per step would make it 32 tokens / 4.1 s
+    assert [e["tokens_per_second"] for e in trainer.state.log_history if "loss" in e] == [320.0] * 2
 
 
 def test_off_by_default_and_off_the_log(tmp_path):
@@ -76,10 +80,9 @@ def test_off_by_default_and_off_the_log(tmp_path):
 
 
 def test_mfu_is_six_times_parameters_times_tokens_over_the_peak(monkeypatch):
-    window = ThroughputWindow(parameters=1_000, peak=1e6, data_parallel=2, model_parallel=1)
     clock = iter([10.0, 12.0])
-    monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(clock))
-    window.started = next(clock)
+    monkeypatch.setattr(ThroughputWindow, "clock", staticmethod(lambda: next(clock)))
+    window = ThroughputWindow(parameters=1_000, peak=1e6, data_parallel=2, model_parallel=1)
     window.add(100)
     logs = window.take()  # 100 tokens in 2 s on this process
     assert logs == {"tokens_per_second": 100.0, "mfu": pytest.approx(6 * 1_000 * 50 / 1e6)}

@@ -98,12 +98,11 @@ def holding(output_dir: str, enabled: bool = True) -> Iterator[None]:
 
 def _acquire(output_dir: str) -> str | None:
     with _guard:
+        _make_dir(output_dir)
         key = _real(output_dir)
         if key in _held:
             _held[key][1] += 1
             return key
-        _make_dir(output_dir)
-        key = _real(output_dir)
         fd = _lock_file(output_dir)
         if fd is None:
             return None

@@ -10,7 +10,7 @@ overrides are honoured.
 
 from __future__ import annotations
 
-import time
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from trainwell.backend.runtime import mean_loss_sum
@@ -54,6 +54,7 @@ def maybe_log_save_evaluate(
 ) -> None:
     """Log the loss since the last log, evaluate, then save, each when its control flag is set."""
     control, state = hooks.control, hooks.state
+    throughput = getattr(hooks.training_run, "throughput", None)  # log_throughput's window in progress
     if control.should_log and state.global_step > tr_loss.last_logged_step:
         loss_sum, grad_norm = tr_loss.read_window(lambda total: mean_loss_sum(hooks.runtime, total), grad_norm)
         tr_loss.logged_total += loss_sum
@@ -62,24 +63,23 @@ def maybe_log_save_evaluate(
             logs["grad_norm"] = grad_norm
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
-        throughput = getattr(hooks.training_run, "throughput", None)
         if throughput is not None:
             logs.update(throughput.take())
         tr_loss.last_logged_step = state.global_step
         hooks.store_flos()
         hooks.log(logs, start_time)
-    began = time.perf_counter()
-    if hooks.control.should_evaluate:
-        metrics = hooks._evaluate(trial, ignore_keys_for_eval)
-        is_new_best = hooks._determine_best_metric(metrics, trial)
-        if getattr(hooks.args.save_strategy, "value", hooks.args.save_strategy) == "best":
-            hooks.control.should_save = is_new_best
-    if hooks.control.should_save:
-        hooks._save_checkpoint(model, trial)
-        hooks.control = hooks.callback_handler.on_save(hooks.args, hooks.state, hooks.control)
-    throughput = getattr(hooks.training_run, "throughput", None)
-    if throughput is not None:
-        throughput.pause(time.perf_counter() - began)  # evaluating and saving is not training time
+    if not (hooks.control.should_evaluate or hooks.control.should_save):
+        return  # most steps
+    # evaluating and saving is not training time for log_throughput
+    with throughput.paused() if throughput is not None else contextlib.nullcontext():
+        if hooks.control.should_evaluate:
+            metrics = hooks._evaluate(trial, ignore_keys_for_eval)
+            is_new_best = hooks._determine_best_metric(metrics, trial)
+            if getattr(hooks.args.save_strategy, "value", hooks.args.save_strategy) == "best":
+                hooks.control.should_save = is_new_best
+        if hooks.control.should_save:
+            hooks._save_checkpoint(model, trial)
+            hooks.control = hooks.callback_handler.on_save(hooks.args, hooks.state, hooks.control)
 
 
 def evaluate_in_training(hooks: TrainerHooks, ignore_keys_for_eval: Any, skip_scheduler: bool) -> dict[str, float]:

@@ -41,13 +41,13 @@ def read_together(values: list[Any]) -> list[float | None]:
     """``values`` (device tensors, numbers or None) as Python floats, with one host transfer for all the tensors:
     each ``.item()`` would be a sync of its own. float32 keeps every value exact (losses are read as float32,
     counts stay far below 2**24)."""
-    out: list[float | None] = [None if v is None else v if not isinstance(v, torch.Tensor) else 0.0 for v in values]
-    tensors = [(i, v) for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+    out: list[Any] = list(values)
+    tensors = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
     if tensors:
-        full = [v.full_tensor() if hasattr(v, "full_tensor") else v for _, v in tensors]  # a DTensor norm (FSDP2)
-        device = full[0].device
+        full = [values[i].full_tensor() if hasattr(values[i], "full_tensor") else values[i] for i in tensors]
+        device = full[0].device  # a DTensor's (FSDP2's gradient norm) full value, then one stack and one read
         read = torch.stack([v.detach().to(device, torch.float32).reshape(()) for v in full]).tolist()
-        for (i, _), value in zip(tensors, read, strict=True):
+        for i, value in zip(tensors, read, strict=True):
             out[i] = value
     return [None if v is None else float(v) for v in out]
 
@@ -67,9 +67,7 @@ class LossTracker:
         self.logged_total = 0.0  #: every loss taken so far in this train() call
         self.last_logged_step = last_logged_step  #: the global step of the last loss log
         self.added = 0  #: losses added since the last take
-        self.nonfinite = 0  #: of those, the NaN or infinite ones, on the host path
-        self.finite: Any = 0  #: on an accelerator: of the ``on_device`` ones added there, the finite ones (a tensor)
-        self.on_device = 0
+        self.finite: Any = 0  #: of those, the finite ones (a device tensor on an accelerator)
         self.empty: Any = 0  #: micro-batches since the last take whose labels are all -100 (when counted)
         self.warned: set[str] = set()
 
@@ -78,17 +76,16 @@ class LossTracker:
         self.added += 1
         if self.on_host:
             value = float(loss)
-            if not math.isfinite(value):
-                self.nonfinite += 1
-                if self.nan_inf_filter:
-                    value = self.total / (1 + steps_since_log)
+            if math.isfinite(value):
+                self.finite += 1
+            elif self.nan_inf_filter:
+                value = self.total / (1 + steps_since_log)
             self.total += value
             return
         # isfinite in two kernels (x - x is 0 exactly for a finite x, NaN otherwise; torch.isfinite takes four),
         # and a count of the finite ones in one more: no sync, read at the log step
         finite = (loss - loss) == 0
         self.finite = self.finite + finite
-        self.on_device += 1
         if self.nan_inf_filter:
             fallback = self.total / (1 + steps_since_log)
             self.total = self.total + torch.where(finite, loss.to(self.total.dtype), fallback)
@@ -134,8 +131,9 @@ class LossTracker:
 
     def _check_window(self, finite: float, empty: float) -> None:
         """Warn (once per run) when every loss of the window was NaN/inf, or some batches had no labels."""
-        added, nonfinite, empty = self.added, self.nonfinite + self.on_device - int(finite), int(empty)
-        self.added, self.nonfinite, self.finite, self.on_device, self.empty = 0, 0, 0, 0, 0
+        added, empty = self.added, int(empty)
+        nonfinite = added - int(finite)
+        self.added, self.finite, self.empty = 0, 0, 0
         since = f"since step {self.last_logged_step}"
         if added and nonfinite == added and "nonfinite" not in self.warned:
             self.warned.add("nonfinite")

@@ -10,7 +10,9 @@ the training precision. It reads low for long sequences, where attention's share
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -60,28 +62,35 @@ def non_embedding_parameters(model: nn.Module) -> int:
 class ThroughputWindow:
     """Counts tokens and training time between two logs; time spent evaluating or saving is left out."""
 
+    clock = staticmethod(time.perf_counter)  #: seconds (a class attribute, so a test can drive it)
+
     def __init__(self, parameters: int, peak: float | None, data_parallel: int = 1, model_parallel: int = 1) -> None:
         self.parameters, self.peak = parameters, peak
         self.data_parallel, self.model_parallel = data_parallel, model_parallel
         self.tokens = 0
-        self.started = time.perf_counter()
-        self.paused = 0.0
+        self.started = self.clock()
+        self.excluded = 0.0  #: seconds of the window spent in :meth:`paused` blocks
 
     def add(self, tokens: int) -> None:
         self.tokens += tokens
 
-    def pause(self, seconds: float) -> None:
-        """Leave ``seconds`` (an evaluation, a save) out of the window's training time."""
-        self.paused += seconds
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the time the block takes (an evaluation, a save) out of the window's training time."""
+        began = self.clock()
+        try:
+            yield
+        finally:
+            self.excluded += self.clock() - began
 
     def take(self) -> dict[str, Any]:
         """``tokens_per_second`` (all processes) and, where the peak is known, ``mfu`` (a fraction) of the window
         since the last take; then a new window starts."""
-        now = time.perf_counter()
-        seconds = max(now - self.started - self.paused, 1e-9)
+        now = self.clock()
+        seconds = max(now - self.started - self.excluded, 1e-9)
         per_process = self.tokens / seconds  # the processes of a model-parallel group share their batch
         logs: dict[str, Any] = {"tokens_per_second": round(per_process * self.data_parallel, 3)}
         if self.peak and self.parameters:
             logs["mfu"] = round(6 * self.parameters * per_process / self.model_parallel / self.peak, 5)
-        self.tokens, self.started, self.paused = 0, now, 0.0
+        self.tokens, self.started, self.excluded = 0, now, 0.0
         return logs
