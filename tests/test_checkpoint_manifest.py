@@ -216,3 +216,51 @@ def test_hashing_files_match_a_read_back(tmp_path):
     assert torch.equal(torch.load(tmp_path / "x.pt", weights_only=True)["a"], payload["a"])
     torch_save(payload, tmp_path / "y.pt")  # outside a recording: written, not recorded
     assert "y.pt" not in recorder.snapshot()
+
+
+def test_large_writes_are_hashed_beside_the_write_in_order(tmp_path, monkeypatch):
+    """Writes of at least ``_OVERLAP`` bytes are hashed on a thread while they are written; small and large
+    writes interleaved still give the read-back digest, and no hashing thread outlives a write."""
+    import threading
+
+    monkeypatch.setattr(filehash, "_OVERLAP", 1024)
+    pieces = [b"x" * 10, bytes(range(256)) * 40, b"y" * 3, bytes(5000), torch.arange(3000.0).numpy().tobytes()]
+    hashed_on = []
+    real = filehash.xxhash
+
+    class Spy:  # an XXH3 state that notes the thread each update runs on
+        def __init__(self):
+            self.inner = real.xxh3_64()
+
+        def update(self, data):
+            hashed_on.append(threading.current_thread().name)
+            self.inner.update(data)
+
+        def intdigest(self):
+            return self.inner.intdigest()
+
+    monkeypatch.setattr(filehash, "xxhash", type("M", (), {"xxh3_64": Spy}))
+    with open(tmp_path / "f", "wb") as raw:
+        sink = filehash.HashingFile(raw)
+        for piece in pieces:
+            assert sink.write(piece) == len(piece)
+        sink.close()
+    monkeypatch.setattr(filehash, "xxhash", real)
+    assert sink.record() == filehash.hash_file(tmp_path / "f")
+    assert (tmp_path / "f").read_bytes() == b"".join(pieces)
+    assert hashed_on == ["MainThread", "trainwell-hash", "MainThread", "trainwell-hash", "trainwell-hash"]
+    assert not [t for t in threading.enumerate() if t.name == "trainwell-hash"]
+
+
+def test_a_failed_large_write_raises_and_leaves_no_hashing_thread(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(filehash, "_OVERLAP", 16)
+
+    class FullDisk:
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        filehash.HashingFile(FullDisk()).write(b"z" * 64)
+    assert not [t for t in threading.enumerate() if t.name == "trainwell-hash"]

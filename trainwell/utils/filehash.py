@@ -25,6 +25,9 @@ import xxhash
 ALGORITHM = "xxh3_64"
 
 _CHUNK = 16 * 1024 * 1024
+#: writes at least this large are checksummed on a short-lived thread while the bytes go to the file: hashing
+#: and writing both release the GIL, so the checksum costs no time beside a write of the same bytes
+_OVERLAP = 4 * 1024 * 1024
 
 
 class FileRecord(NamedTuple):
@@ -42,9 +45,20 @@ class HashingFile:
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self._hash.update(view)
+        if view.nbytes < _OVERLAP:
+            self._hash.update(view)
+            written = self.raw.write(view)
+        else:
+            # joined before returning: the digest stays in write order and no thread outlives the call (a fork
+            # or a later write never meets a hash in flight)
+            hasher = threading.Thread(target=self._hash.update, args=(view,), name="trainwell-hash", daemon=True)
+            hasher.start()
+            try:
+                written = self.raw.write(view)
+            finally:
+                hasher.join()
         self.size += view.nbytes
-        return self.raw.write(view)
+        return written
 
     def flush(self) -> None:
         self.raw.flush()
