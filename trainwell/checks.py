@@ -4,7 +4,8 @@ Owns the checks that must fail before any work, each error naming the parameter,
 fix: ``args`` and ``optimizers`` (read first), the callables, the datasets, the callbacks, an optimizer that holds
 none of the model's parameters, a ``metric_for_best_model`` the evaluation cannot produce. ``trainwell.wiring``
 builds the parts; this module only refuses or warns. What the loop checks at each evaluation (a
-``compute_metrics`` result that is not a dict of numbers) is ``trainwell.loop.metric_checks``'s.
+``compute_metrics`` function or result that does not fit) is ``trainwell.loop.metric_checks``'s, and so is checking
+``compute_metrics`` whenever it is set.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from trainwell.data import loaders
-from trainwell.loop.metric_checks import check_compute_metrics, checked_metrics, is_metric_number  # noqa: F401
 from trainwell.loop.plan import require_max_steps
 from trainwell.utils.errors import short_repr
 
@@ -115,14 +115,13 @@ def check_trainer_arguments(trainer: Any) -> None:
         )
     _check_callables(trainer)
     _check_datasets(trainer.train_dataset, trainer.eval_dataset)
-    strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+    strategy = str(args.eval_strategy)  # an IntervalStrategy member: str() is its value
     if strategy != "no" and trainer.eval_dataset is None:
         raise ValueError(
             f"eval_strategy={strategy!r} needs an eval_dataset: pass eval_dataset to the Trainer, or set "
             "eval_strategy='no'."
         )
-    save = getattr(args.save_strategy, "value", args.save_strategy)
-    if (save == "best" or args.load_best_model_at_end) and args.metric_for_best_model is None:
+    if (args.save_strategy == "best" or args.load_best_model_at_end) and args.metric_for_best_model is None:
         raise ValueError(
             "save_strategy='best' and load_best_model_at_end need metric_for_best_model: name the metric to "
             "compare (e.g. metric_for_best_model='loss')."

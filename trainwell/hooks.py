@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from trainwell.outputs import EvalLoopOutput
     from trainwell.state import TrainerControl, TrainerState
     from trainwell.training_args import TrainingArguments
-    from trainwell.wiring import ModelInfo
+    from trainwell.utils.model import ModelInfo
 
 
 class TrainerHooks(Protocol):

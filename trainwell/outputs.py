@@ -2,8 +2,8 @@
 
 Owns: ``EvalPrediction``, ``TrainOutput``, ``PredictionOutput``, ``EvalLoopOutput``, the strategy and
 name enums (``IntervalStrategy``, ``SaveStrategy``, ``HubStrategy``, ``SchedulerType``, ``OptimizerNames``,
-``ParallelMode``) and ``PREFIX_CHECKPOINT_DIR``. Nothing here imports torch: these are imported by the
-argument parser, which must stay cheap.
+``ParallelMode``), :func:`enum_value` and ``PREFIX_CHECKPOINT_DIR``. Nothing here imports torch: these are
+imported by the argument parser, which must stay cheap.
 """
 
 from __future__ import annotations
@@ -24,6 +24,14 @@ class ExplicitEnum(str, enum.Enum):
 
     def __str__(self) -> str:  # so f"{strategy}" prints "steps", not "IntervalStrategy.STEPS"
         return str(self.value)
+
+
+def enum_value(value: Any) -> Any:
+    """``value.value`` for an enum member, else ``value`` as it is: for what a caller may hand a function as an
+    enum of its own or of another library (``transformers``' enums are not always ``str`` enums, and print as
+    ``Class.MEMBER``). The enum fields of ``TrainingArguments`` need none of this: normalization makes them
+    ``ExplicitEnum`` members, which equal their string and ``str()`` to it."""
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 class IntervalStrategy(ExplicitEnum):

@@ -1,18 +1,9 @@
 """The ``Trainer`` facade: the reference Trainer's constructor and its whole override surface, delegating.
 
-``__init__`` wires the components (runtime and precision in ``trainwell.backend``, model information,
-collator and callbacks from ``trainwell.wiring``). Every other method is the reference's method of that name,
-a few lines that hand the work to the module that owns it:
-
-* ``train`` → ``trainwell.loop.fit`` (epochs and events), ``loop.step`` (one optimizer step), ``loop.epochs``
-  (data order and resume position), ``loop.boundary`` (log, evaluate, save), ``loop.plan`` (step arithmetic);
-* ``evaluate`` / ``predict`` / ``prediction_step`` → ``trainwell.loop.evaluation``;
-* ``get_*_dataloader`` → ``trainwell.data`` (``train_loader``, ``loaders``);
-* checkpoints → ``trainwell.checkpoint`` (``contents``: what a checkpoint holds; ``resume``: restoring it);
-* optimizers and schedules → ``trainwell.optim``.
-
-The loops call back only the methods listed in ``trainwell.hooks.TrainerHooks``, always through the Trainer
-object, so a subclass that overrides any of them (as subclasses of the reference do) is honoured.
+``__init__`` wires the components (``trainwell.wiring``); every other method is the reference's method of that
+name, a few lines that hand the work to the module that owns it (docs/architecture.md draws the map: loops,
+data, checkpoints, optimizers). The loops call back only the methods of ``trainwell.hooks.TrainerHooks``, always
+through the Trainer object, so a subclass's override of any of them (as with the reference) is honoured.
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ from torch import nn
 from trainwell import checks, search, techniques, wiring
 from trainwell.backend import failures
 from trainwell.backend.runtime import to_device
-from trainwell.checkpoint import contents
+from trainwell.checkpoint import contents, preemption
 from trainwell.checkpoint import lock as output_lock
 from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module-level names)
     OPTIMIZER_NAME,
@@ -44,13 +35,14 @@ from trainwell.data import loaders
 from trainwell.data.train_loader import build_train_feed
 from trainwell.events.callback import TrainerCallback
 from trainwell.events.flow import DefaultFlowCallback
-from trainwell.events.handler import CallbackHandler
 from trainwell.events.progress import ProgressCallback
 from trainwell.integrations import hub
 from trainwell.loop import boundary, evaluation, losses
 from trainwell.loop.fit import FitLoop
+from trainwell.loop.metric_checks import CheckedComputeMetrics
 from trainwell.loop.plan import StepPlan, build_plan
-from trainwell.optim.schedulers import steps_on_metrics
+from trainwell.optim import param_groups, registry
+from trainwell.optim.schedulers import current_learning_rate, scheduler_for_args
 from trainwell.outputs import BestRun, EvalLoopOutput, PredictionOutput, TrainOutput
 from trainwell.state import TrainerControl, TrainerState
 from trainwell.techniques import batch_size
@@ -58,7 +50,6 @@ from trainwell.techniques.memory import MemoryTracker
 from trainwell.training_args import TrainingArguments
 from trainwell.utils import metrics as metric_utils
 from trainwell.utils import model as model_utils
-from trainwell.utils.seed import enable_full_determinism, set_seed
 
 logger = logging.getLogger(__name__)
 
@@ -98,70 +89,30 @@ class Trainer:
         self.args = args = args if args is not None else TrainingArguments(output_dir="tmp_trainer")
         self._memory_tracker = MemoryTracker(args.skip_memory_metrics)
         self._memory_tracker.start("init")
-        self._seed()
-        wiring.attach_runtime(self, model)
-        # log_level on the main process, log_level_replica on the others ("passive" keeps the current level)
-        logging.getLogger("trainwell").setLevel(args.get_process_log_level())
-        self.model_init = model_init
-        self.hp_search_backend = None
-        self.is_in_train = False
-        self._set_model(wiring.build_model(model, model_init, self.call_model_init, self.runtime))
-        self.compute_loss_func = compute_loss_func
-        self.compute_metrics = compute_metrics
-        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
-        self.processing_class = processing_class
+        wiring.set_up_process(self, model)  # seed, runtime, log level: each set there and nowhere else
+        self.model_init, self.hp_search_backend, self.is_in_train = model_init, None, False
+        wiring.set_model(self, wiring.build_model(model, model_init, self.call_model_init, self.runtime))
+        self.compute_loss_func, self.compute_metrics = compute_loss_func, compute_metrics
+        self.preprocess_logits_for_metrics, self.processing_class = preprocess_logits_for_metrics, processing_class
         self.data_collator = data_collator if data_collator is not None else wiring.default_collator(processing_class)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
-        self._created_lr_scheduler = False
-        self._train_batch_size = args.train_batch_size
-        self._eval_loaders = loaders.EvalLoaders()
         checks.check_trainer_arguments(self)
-        self.callback_handler = CallbackHandler(wiring.default_callbacks(args, self.runtime, callbacks), self.model,
-                                                processing_class, self.optimizer, self.lr_scheduler)
+        self.callback_handler = wiring.callback_handler(self, callbacks)
         output_lock.prepare(args.output_dir, args.should_save, self.is_world_process_zero())
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
-        self.current_flos = 0
-        self.current_gradient_accumulation_steps = 1
-        self.micro_batch_loss_scale: torch.Tensor | float | None = None
-        self.training_run = None
-        # decided once, not per micro-batch: an override may predate the reference's num_items_in_batch
-        self._loss_takes_items = model_utils.accepts_keyword(self.compute_loss, "num_items_in_batch")
+        wiring.set_run_attributes(self)
         wiring.set_reference_attributes(self)
         self._hub = None  # the Hub uploader, set by init_hf_repo
         if args.push_to_hub:
             self.init_hf_repo()
         self.control = self.callback_handler.on_init_end(args, self.state, TrainerControl())
-        config = getattr(self.model, "config", None)
-        if config is not None and hasattr(config, "use_cache"):
-            config.use_cache = args.use_cache
+        wiring.apply_use_cache(self.model, args.use_cache)
         self._memory_tracker.stop("init")
 
-    def _seed(self) -> None:
-        seed = enable_full_determinism if self.args.full_determinism else set_seed
-        seed(self.args.seed)
-
-    def _set_model(self, model: nn.Module) -> None:
-        """Use ``model`` (and read what the loops need to know about it once)."""
-        self.model = self.model_wrapped = model
-        self.model_info = info = wiring.ModelInfo.of(model)
-        self.model_accepts_loss_kwargs = info.accepts_loss_kwargs
-        self.label_names = info.default_label_names if self.args.label_names is None else list(self.args.label_names)
-        self.can_return_loss = info.can_return_loss
-        self.label_smoother = wiring.label_smoothing(self.args, model)
-
-    # compute_metrics is checked when it is set (in __init__ and on any later assignment), so a
-    # batch_eval_metrics mismatch fails before training rather than at the first evaluation.
-    @property
-    def compute_metrics(self) -> Callable | None:
-        return self.__dict__.get("_compute_metrics")
-
-    @compute_metrics.setter
-    def compute_metrics(self, value: Callable | None) -> None:
-        checks.check_compute_metrics(value, bool(getattr(self.args, "batch_eval_metrics", False)))
-        self.__dict__["_compute_metrics"] = value
+    compute_metrics = CheckedComputeMetrics()  # checked whenever it is set, before any training
 
     # ------------------------------------------------------------------------------------------ callbacks
     def add_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
@@ -174,45 +125,26 @@ class Trainer:
         self.callback_handler.remove_callback(callback)
 
     # ------------------------------------------------------------------------------------------ training
-    def train(
-        self,
-        resume_from_checkpoint: str | bool | None = None,
-        trial: Any = None,
-        ignore_keys_for_eval: list[str] | None = None,
-        **kwargs: Any,
-    ) -> TrainOutput:
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None,
+              ignore_keys_for_eval: list[str] | None = None, **kwargs: Any) -> TrainOutput:
         """Train the model; ``resume_from_checkpoint`` is a checkpoint path, or True for the newest complete one."""
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
         self._memory_tracker.start("train")
         self.is_in_train = True
-        try:
-            self._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
-            attempt = functools.partial(self._train_attempt, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
-            with output_lock.holding(self._get_output_dir(trial), enabled=self.is_world_process_zero()):
-                if self.args.auto_find_batch_size:  # attempts with smaller micro-batches after out-of-memory errors
-                    output = batch_size.train_with_batch_search(self, attempt, resume_from_checkpoint)
-                else:
-                    output = attempt(resume_from_checkpoint)
-        finally:
-            self.is_in_train = False
-            self._memory_tracker.stop("train")  # after a failure (a finished run has stopped it already)
-            interrupted = wiring.end_preemption(self.callback_handler)
-        if interrupted:  # Ctrl-C with enable_jit_checkpoint: the checkpoint is saved, now stop as Ctrl-C would
-            raise KeyboardInterrupt
-        return output
+        with preemption.ending_train(self.callback_handler):  # Ctrl-C with enable_jit_checkpoint: saved, re-raised
+            try:
+                self._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
+                attempt = functools.partial(self._train_attempt, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
+                with output_lock.holding(self._get_output_dir(trial), enabled=self.is_world_process_zero()):
+                    return batch_size.train_attempts(self, attempt, resume_from_checkpoint)
+            finally:
+                self.is_in_train = False
+                self._memory_tracker.stop("train")  # after a failure (a finished run has stopped it already)
 
     def _train_attempt(self, resume_from_checkpoint: str | bool | None, trial: Any,
                        ignore_keys_for_eval: list[str] | None) -> TrainOutput:
-        if self.model_init is not None:
-            self._seed()
-            self._set_model(wiring.build_model(None, self.model_init, lambda: self.call_model_init(trial),
-                                               self.runtime))
-            self.optimizer, self.lr_scheduler = None, None
-        if self._created_lr_scheduler:
-            self.lr_scheduler = None  # built for the previous call's length: build it again for this one
-        if self.args.activation_checkpointing:
-            wiring.enable_activation_checkpointing(self.model, self.args.activation_checkpointing_kwargs)
+        wiring.prepare_attempt(self, trial)
         with techniques.during_training(self), failures.stop_together(self, last_usable_checkpoint):
             resume = Resume.of(self, resume_from_checkpoint)  # every process resumes the same checkpoint
             if resume is not None:
@@ -242,16 +174,12 @@ class Trainer:
     def create_optimizer(self) -> torch.optim.Optimizer:
         """Build the optimizer from ``optim`` (or ``optimizer_cls_and_kwargs``) with weight-decay groups."""
         if self.optimizer is None:
-            from trainwell.optim.registry import create_optimizer
-
-            self.optimizer = create_optimizer(self.model, self.args, self.optimizer_cls_and_kwargs)
+            self.optimizer = registry.create_optimizer(self.model, self.args, self.optimizer_cls_and_kwargs)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
         """Build the LR schedule of ``lr_scheduler_type`` over ``num_training_steps`` (once per train())."""
         if self.lr_scheduler is None:
-            from trainwell.optim.schedulers import scheduler_for_args
-
             optimizer = optimizer if optimizer is not None else self.optimizer
             self.lr_scheduler = scheduler_for_args(self.args, optimizer, num_training_steps)
             self._created_lr_scheduler = True
@@ -259,33 +187,19 @@ class Trainer:
 
     @staticmethod
     def get_optimizer_cls_and_kwargs(args: Any, model: nn.Module | None = None) -> tuple[type, dict[str, Any]]:
-        from trainwell.optim.registry import get_optimizer_cls_and_kwargs
-
-        return get_optimizer_cls_and_kwargs(args, model)
+        return registry.get_optimizer_cls_and_kwargs(args, model)
 
     def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
-        from trainwell.optim.param_groups import get_decay_parameter_names
-
-        return get_decay_parameter_names(model)
+        return param_groups.get_decay_parameter_names(model)
 
     def _get_learning_rate(self) -> float:
-        if steps_on_metrics(self.lr_scheduler):
-            return self.optimizer.param_groups[0]["lr"]
-        return self.lr_scheduler.get_last_lr()[0]
+        return current_learning_rate(self.lr_scheduler, self.optimizer)
 
     def get_learning_rates(self) -> list[float]:
-        return [group["lr"] for group in self._created_optimizer().param_groups]
+        return param_groups.learning_rates(self.optimizer)
 
     def get_optimizer_group(self, param: torch.nn.Parameter | None = None) -> Any:
-        groups = self._created_optimizer().param_groups
-        if param is None:
-            return [group["params"] for group in groups]
-        return next((group for group in groups if any(p is param for p in group["params"])), None)
-
-    def _created_optimizer(self) -> torch.optim.Optimizer:
-        if self.optimizer is None:
-            raise ValueError("The optimizer is not created yet: call create_optimizer() or train() first.")
-        return self.optimizer
+        return param_groups.group_of(self.optimizer, param)
 
     def get_num_trainable_parameters(self) -> int:
         return model_utils.num_parameters(self.model, trainable_only=True)
@@ -314,18 +228,10 @@ class Trainer:
         self.precision.backward(loss)
         return loss.detach()
 
-    def compute_loss(
-        self,
-        model: nn.Module,
-        inputs: dict[str, Any],
-        return_outputs: bool = False,
-        num_items_in_batch: torch.Tensor | int | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
-        """The loss of one batch: ``compute_loss_func``, label smoothing, or the model's own loss.
-
-        ``num_items_in_batch`` (the accumulation window's loss items) goes to a model that accepts it and to
-        ``compute_loss_func``; the caller's ``inputs`` are never modified.
-        """
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """The loss of one batch: ``compute_loss_func``, label smoothing, or the model's own loss; ``inputs`` are
+        never modified (``trainwell.loop.losses.compute_loss``)."""
         return losses.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
 
     def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
@@ -410,14 +316,8 @@ class Trainer:
             add_memory(output.metrics)
             return output
 
-    def evaluation_loop(
-        self,
-        dataloader: Any,
-        description: str,
-        prediction_loss_only: bool | None = None,
-        ignore_keys: list[str] | None = None,
-        metric_key_prefix: str = "eval",
-    ) -> EvalLoopOutput:
+    def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
         return evaluation.evaluation_loop(self, dataloader, description, prediction_loss_only, ignore_keys,
                                           metric_key_prefix)
 
@@ -473,8 +373,7 @@ class Trainer:
             self._push_from_checkpoint(str(folder))
 
     def _get_output_dir(self, trial: Any) -> str:
-        name = search.run_name(self, trial)  # a search trial's folder under output_dir
-        return self.args.output_dir if name is None else os.path.join(self.args.output_dir, name)
+        return search.output_dir(self, trial)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Write the model (safetensors), processing class and training args to ``output_dir``.

@@ -1,10 +1,11 @@
 """Building the Trainer's parts from its constructor arguments.
 
-Owns what ``Trainer.__init__`` (and a ``model_init`` run of ``train()``) decides once: the model (given, or
-built by ``model_init``, placed on the device), :class:`ModelInfo` (what the model's ``forward`` takes and how
-its loss is normalized, read once), the default collator, the default callbacks (flow, trackers, progress,
-preemption saves), the reference's public attributes and the runtime. Checking the inputs is
-``trainwell.checks``'; nothing here runs during training.
+Owns what ``Trainer.__init__`` (and a ``model_init`` run of ``train()``) decides once: the process-wide set-up
+(seed, runtime, the ``trainwell`` logger's level: :func:`set_up_process`, each set here and nowhere else), the
+model (given, or built by ``model_init``, placed on the device) and what the Trainer reads off it once
+(:func:`set_model`, with ``trainwell.utils.model.ModelInfo``), the default collator, the callbacks and their
+handler, the reference's public attributes and the attributes the loops read (``trainwell.hooks``). Checking
+the inputs is ``trainwell.checks``'; nothing here runs during training.
 """
 
 from __future__ import annotations
@@ -13,63 +14,48 @@ import functools
 import inspect
 import os
 import warnings
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from trainwell.backend.runtime import RUNTIME_ATTRIBUTES, attach_runtime  # noqa: F401  (the Trainer's)
-from trainwell.checks import checked_callbacks, short_repr
+from trainwell.checks import checked_callbacks
 from trainwell.data import loaders
+from trainwell.events.handler import CallbackHandler
+from trainwell.events.progress import apply_log_level
 from trainwell.utils import model as model_utils
 from trainwell.utils import quantization
+from trainwell.utils.errors import short_repr
+from trainwell.utils.seed import enable_full_determinism, set_seed
 
 
-@dataclass
-class ModelInfo:
-    """What the Trainer reads off a model once: label names, loss conventions, input name, flops factor."""
+def set_up_process(trainer: Any, model: nn.Module | None) -> None:
+    """The process-wide set-up, in the reference's order: the seed, the runtime (accelerator, device,
+    precision), then the ``trainwell`` logger's level (``log_level`` on the main process, ``log_level_replica``
+    on the others), before any callback is built so trackers and the progress display log at that level."""
+    seed_run(trainer.args)
+    attach_runtime(trainer, model)
+    apply_log_level(trainer.args)
 
-    accepts_loss_kwargs: bool
-    default_label_names: list[str]  #: forward arguments that hold labels (``args.label_names`` overrides them)
-    can_return_loss: bool
-    shifts_labels: bool  #: a causal LM: its loss ignores the first label of each row
-    main_input_name: str
-    counts_flops: bool  #: the model reports ``num_parameters`` (the flops estimate needs it)
-    forward_parameters: dict[str, inspect.Parameter] = field(repr=False, default_factory=dict)
-    flops_params: int | None = None  #: non-embedding parameters for the flops estimate (computed on first use)
 
-    @classmethod
-    def of(cls, model: nn.Module) -> ModelInfo:
-        return cls(
-            accepts_loss_kwargs=model_utils.accepts_loss_kwargs(model),
-            default_label_names=model_utils.find_label_names(model),
-            can_return_loss=model_utils.can_return_loss(model),
-            shifts_labels=model_utils.loss_shifts_labels(model),
-            main_input_name=model_utils.main_input_name(model),
-            counts_flops=callable(getattr(model_utils.unwrap(model), "num_parameters", None)),
-            forward_parameters=model_utils.forward_parameters(model),
-        )
+def seed_run(args: Any) -> None:
+    """Seed python, numpy and torch from ``args.seed`` (fully deterministic with ``full_determinism``): when the
+    Trainer is built, and again before ``model_init`` builds a fresh model in ``train()``."""
+    seed = enable_full_determinism if args.full_determinism else set_seed
+    seed(args.seed)
 
-    def signature_columns(self, label_names: list[str]) -> list[str]:
-        """Sample keys the model can take (``remove_unused_columns`` keeps these)."""
-        return loaders.signature_columns(self.forward_parameters, label_names)
 
-    def floating_point_ops(self, model: nn.Module, inputs: Any) -> int:
-        """6 × input tokens × non-embedding parameters, for models that report ``num_parameters`` (else 0)."""
-        if self.flops_params is None:
-            counter = getattr(model_utils.unwrap(model), "num_parameters", None)
-            self.flops_params = 0
-            if callable(counter):
-                try:
-                    self.flops_params = int(counter(exclude_embeddings=True))
-                except TypeError:
-                    self.flops_params = int(counter())
-        if not self.flops_params or not isinstance(inputs, Mapping):
-            return 0
-        main = inputs.get(self.main_input_name)
-        return 6 * main.numel() * self.flops_params if isinstance(main, torch.Tensor) else 0
+def set_model(trainer: Any, model: nn.Module) -> None:
+    """Make ``model`` the Trainer's, and read what the loops need to know about it once."""
+    trainer.model = trainer.model_wrapped = model
+    trainer.model_info = info = model_utils.ModelInfo.of(model)
+    trainer.model_accepts_loss_kwargs = info.accepts_loss_kwargs
+    names = trainer.args.label_names
+    trainer.label_names = info.default_label_names if names is None else list(names)
+    trainer.can_return_loss = info.can_return_loss
+    trainer.label_smoother = label_smoothing(trainer.args, model)
 
 
 def build_model(
@@ -175,15 +161,20 @@ def default_collator(processing_class: Any) -> Callable:
     return default_data_collator
 
 
+def callback_handler(trainer: Any, user: list | None) -> CallbackHandler:
+    """The handler of :func:`default_callbacks` and the user's ``callbacks``, handed the Trainer's parts."""
+    callbacks = default_callbacks(trainer.args, trainer.runtime, user)
+    return CallbackHandler(callbacks, trainer.model, trainer.processing_class, trainer.optimizer,
+                           trainer.lr_scheduler)
+
+
 def default_callbacks(args: Any, runtime: Any, user: list | None) -> list:
     """Flow, trackers of ``report_to``, the user's callbacks, progress display, and preemption saves."""
     from trainwell.events.flow import DefaultFlowCallback
-    from trainwell.events.progress import PrinterCallback, ProgressCallback, apply_log_level
+    from trainwell.events.progress import PrinterCallback, ProgressCallback
     from trainwell.integrations.registry import reporting_callbacks
 
-    # Set before any callback is built, so trackers and the progress display log at the chosen level.
-    user = checked_callbacks(user)
-    apply_log_level(args)
+    user = checked_callbacks(user)  # a bad list fails before any tracker is looked up
     callbacks: list[Any] = [DefaultFlowCallback]
     callbacks += reporting_callbacks(args.report_to)
     callbacks += user
@@ -193,6 +184,21 @@ def default_callbacks(args: Any, runtime: Any, user: list | None) -> list:
 
         callbacks.append(JITCheckpointCallback(runtime.reduce_sum if runtime.distributed else None))
     return callbacks
+
+
+def prepare_attempt(trainer: Any, trial: Any) -> None:
+    """Before each attempt of ``train()``: with ``model_init``, a fresh model (seeded as the first one was) and no
+    optimizer or scheduler of the previous one; a scheduler the Trainer built is built again for this call's
+    length; the model's activation checkpointing turned on when asked."""
+    if trainer.model_init is not None:
+        seed_run(trainer.args)
+        model = build_model(None, trainer.model_init, lambda: trainer.call_model_init(trial), trainer.runtime)
+        set_model(trainer, model)
+        trainer.optimizer, trainer.lr_scheduler = None, None
+    if trainer._created_lr_scheduler:
+        trainer.lr_scheduler = None
+    if trainer.args.activation_checkpointing:
+        enable_activation_checkpointing(trainer.model, trainer.args.activation_checkpointing_kwargs)
 
 
 def enable_activation_checkpointing(model: nn.Module, kwargs: dict | None) -> None:
@@ -212,17 +218,6 @@ def enable_activation_checkpointing(model: nn.Module, kwargs: dict | None) -> No
     )
 
 
-def end_preemption(handler: Any) -> bool:
-    """Restore the signal handlers after ``train()``; True when Ctrl-C stopped it (after saving)."""
-    from trainwell.checkpoint.preemption import JITCheckpointCallback
-
-    callback = next((cb for cb in handler.callbacks if isinstance(cb, JITCheckpointCallback)), None)
-    if callback is None:
-        return False
-    callback.uninstall()
-    return callback.interrupted
-
-
 def set_reference_attributes(trainer: Any) -> None:
     """The reference's public Trainer attributes that library subclasses read (TRL, sentence-transformers, ...)."""
     runtime = trainer.runtime
@@ -232,3 +227,24 @@ def set_reference_attributes(trainer: Any) -> None:
     trainer.neftune_noise_alpha = trainer.args.neftune_noise_alpha
     trainer.hub_model_id, trainer.push_in_progress = None, None  # set by init_hf_repo
     trainer._signature_columns = None  # the sample keys remove_unused_columns keeps, filled on first use
+
+
+def set_run_attributes(trainer: Any) -> None:
+    """A run's attributes before the first ``train()``: those the loops read and write (``current_flos``,
+    ``micro_batch_loss_scale``, ``training_run``...: ``trainwell.hooks`` lists them) and the Trainer's own."""
+    trainer._train_batch_size = trainer.args.train_batch_size  # a search trial or a batch-size search changes it
+    trainer._eval_loaders = loaders.EvalLoaders()
+    trainer._created_lr_scheduler = False  # True once create_scheduler built one (rebuilt for the next train())
+    trainer.current_flos = 0
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.micro_batch_loss_scale = None
+    trainer.training_run = None
+    # decided once, not per micro-batch: an override may predate the reference's num_items_in_batch
+    trainer._loss_takes_items = model_utils.accepts_keyword(trainer.compute_loss, "num_items_in_batch")
+
+
+def apply_use_cache(model: nn.Module, use_cache: bool) -> None:
+    """``args.use_cache`` onto the model's config, for a model whose config has ``use_cache``."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        config.use_cache = use_cache

@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from trainwell.args.kinds import check_fsdp_kind
+from trainwell.outputs import enum_value
 from trainwell.utils.errors import choice_error, did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def _load_config(value: Any) -> dict[str, Any]:
 
 def _apply_legacy_options(fsdp: Any, config: dict[str, Any]) -> None:
     """The reference's legacy ``fsdp`` strings, as ``fsdp_config`` entries (FSDP2 spellings)."""
-    items = fsdp.split() if isinstance(fsdp, str) else [getattr(v, "value", v) for v in fsdp]
+    items = fsdp.split() if isinstance(fsdp, str) else [enum_value(v) for v in fsdp]
     logger.warning("fsdp=%r: option strings are deprecated (as in the reference); pass fsdp=True and put the "
                    "options in fsdp_config instead.", fsdp)
     for item in items:

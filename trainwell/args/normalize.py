@@ -21,7 +21,7 @@ from typing import Any
 
 from trainwell.args.fsdp import normalize_fsdp
 from trainwell.args.trackers import TRACKERS, kubeflow_enabled
-from trainwell.outputs import HubStrategy, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
+from trainwell.outputs import HubStrategy, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, enum_value
 from trainwell.utils.errors import choice_error, did_you_mean
 
 # Fields that accept a dict, or a JSON object string (parsed only when it starts with "{": any other string
@@ -67,7 +67,7 @@ _NORMALIZED_DEFAULTS: dict[str, Any] = {"debug": []}
 def coerce_enum(name: str, value: Any, enum_cls: type) -> Any:
     """``enum_cls(value)``, with an error that names the field and suggests the closest member."""
     try:
-        return enum_cls(getattr(value, "value", value))
+        return enum_cls(enum_value(value))
     except ValueError:
         raise choice_error(name, value, [m.value for m in enum_cls]) from None
 
@@ -323,7 +323,7 @@ def _drop_inert_4x_values(args: Any) -> None:
 def _normalize_debug(value: Any) -> list[str]:
     if value is None:
         return []
-    items = value.split() if isinstance(value, str) else [getattr(v, "value", v) for v in value]
+    items = value.split() if isinstance(value, str) else [enum_value(v) for v in value]
     for item in items:
         if item not in DEBUG_OPTIONS:
             raise choice_error("debug", item, DEBUG_OPTIONS)

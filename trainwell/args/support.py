@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainwell.outputs import enum_value
+
 # field -> why it is not honoured yet. A field is only an error when set to something other than its default
 # (or, for the entries in _ALLOWED_VALUES, to a value outside the supported ones).
 UNSUPPORTED: dict[str, str] = {}
@@ -48,7 +50,7 @@ def check_supported(args: Any, defaults: dict[str, Any]) -> None:
         if not hasattr(args, name):
             continue
         value = getattr(args, name)
-        plain = getattr(value, "value", value)
+        plain = enum_value(value)
         if plain not in allowed:
             raise NotImplementedError(
                 f"TrainingArguments.{name}={plain!r} is not supported by trainwell yet ({why}). "
@@ -79,7 +81,7 @@ def _check_debug(args: Any) -> None:
 
 
 def _is_default(value: Any, default: Any) -> bool:
-    plain = getattr(value, "value", value)
+    plain = enum_value(value)
     if plain == default:
         return True
     # Empty containers and "" count as unset for list/dict/str fields declared with a None default.

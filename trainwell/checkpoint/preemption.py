@@ -1,6 +1,7 @@
 """Saving a checkpoint when the job is asked to stop: SIGTERM (preemption) and SIGINT (Ctrl-C).
 
-Owns ``JITCheckpointCallback``, attached by the Trainer when ``enable_jit_checkpoint=True``. During
+Owns ``JITCheckpointCallback``, attached by the Trainer when ``enable_jit_checkpoint=True``, and
+:func:`ending_train`, what ``train()`` does with it when it returns. During
 ``train()`` it replaces the SIGTERM and SIGINT handlers with one that only records the request (a signal
 handler must not write files: it can run in the middle of an optimizer step or of another save). The next
 step boundary then finishes normally and the callback asks the loop to save and stop, so the checkpoint
@@ -19,10 +20,11 @@ next step end, which leaves the most time before a SIGKILL), and Ctrl-C saves to
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainwell.events.callback import TrainerCallback
@@ -102,3 +104,18 @@ class JITCheckpointCallback(TrainerCallback):
         if anyone and not local:
             self.requested = signal.SIGTERM  # another process got the signal: save with it
         return anyone
+
+
+@contextlib.contextmanager
+def ending_train(handler: Any) -> Iterator[None]:
+    """Around one ``train()`` call: when it ends, the signal handlers of ``handler``'s JITCheckpointCallback (if
+    it has one) are put back, and after a Ctrl-C that stopped training (once its checkpoint is saved)
+    ``KeyboardInterrupt`` is raised, as Ctrl-C would have."""
+    try:
+        yield
+    finally:
+        callback = next((cb for cb in handler.callbacks if isinstance(cb, JITCheckpointCallback)), None)
+        if callback is not None:
+            callback.uninstall()
+    if callback is not None and callback.interrupted:
+        raise KeyboardInterrupt

@@ -11,7 +11,6 @@ samplers'; padding and stacking are the collators'.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -53,16 +52,6 @@ def is_hf_dataset(dataset: Any) -> bool:
     ``datasets`` stays an optional package). An iterable one without declared features has no column names.
     """
     return type(dataset).__module__.startswith("datasets.") and getattr(dataset, "column_names", None) is not None
-
-
-def signature_columns(forward_params: dict[str, inspect.Parameter], label_names: Sequence[str]) -> list[str]:
-    """Sample keys the model can take: named ``forward`` arguments, label names, ``label`` and ``label_ids``."""
-    named = [
-        name
-        for name, p in forward_params.items()
-        if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
-    ]
-    return list(dict.fromkeys(named + list(label_names) + ["label", "label_ids"]))
 
 
 def _empty_batch_error(columns: Sequence[str], keys: Sequence[str]) -> ValueError:
@@ -164,6 +153,12 @@ def _worker_kwargs(args: Any, rank: int) -> dict[str, Any]:
     return kwargs
 
 
+def data_seed(args: Any) -> int:
+    """The seed of the training data order: ``data_seed``, or ``seed`` when it is None. The sampler and the
+    training loader's generator both read it here."""
+    return args.data_seed if args.data_seed is not None else args.seed
+
+
 def train_sampler(dataset: Dataset, args: Any, batch_size: int = 1, input_name: str = "input_ids") -> Sampler:
     """The training order of ``train_sampling_strategy``, seeded by ``data_seed`` (or ``seed``) and the epoch.
 
@@ -172,8 +167,8 @@ def train_sampler(dataset: Dataset, args: Any, batch_size: int = 1, input_name: 
     ``input_name``, computed here once). ``batch_size`` is the samples of one optimizer step on one process
     (``train_batch_size * gradient_accumulation_steps``).
     """
-    strategy = getattr(args.train_sampling_strategy, "value", args.train_sampling_strategy)
-    seed = args.data_seed if args.data_seed is not None else args.seed
+    strategy = args.train_sampling_strategy
+    seed = data_seed(args)
     if strategy == "group_by_length":
         lengths = sample_lengths(dataset, args.length_column_name, input_name)
         return ResumableLengthGroupedSampler(lengths, batch_size, seed=seed)
@@ -247,7 +242,7 @@ def sampler_for_training(dataset: Any, args: Any, group_size: int, processing_cl
 
     ``group_by_length`` measures lengths on the processing class's first input name, else the model's main input.
     """
-    strategy = getattr(args.train_sampling_strategy, "value", args.train_sampling_strategy)
+    strategy = args.train_sampling_strategy
     if is_iterable(dataset):
         if strategy not in ("random", "sequential"):
             logger.warning("train_sampling_strategy=%r is ignored: an iterable dataset has no sampler.", strategy)

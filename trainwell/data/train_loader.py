@@ -143,9 +143,9 @@ def build_train_feed(
         dataset, batch_size=batch_size, collate_fn=collator, args=args, sampler=sampler, train=True,
         rank=runtime.process_index,
     )
-    data_seed = args.data_seed if args.data_seed is not None else args.seed
+    seed = loaders.data_seed(args)
     generator = torch.Generator()
-    generator.manual_seed(data_seed)  # read outside train(); each epoch of train() sets it (TrainFeed.start_epoch)
+    generator.manual_seed(seed)  # read outside train(); each epoch of train() sets it (TrainFeed.start_epoch)
     loader.generator = generator
     prepared = runtime.prepare_dataloader(loader)
     if position is not None and type(prepared).__name__ == "DataLoaderDispatcher":
@@ -153,7 +153,7 @@ def build_train_feed(
         position.reads_per_batch = 1 if prepared.split_batches else runtime.num_processes
     # skip() counts indices for an index sampler, this rank's micro-batches for a rank-batch sampler (rebalance)
     per_batch = 1 if rebalance.yields_rank_batches(sampler) else batch_size * runtime.data_parallel_size
-    feed = TrainFeed(prepared, sampler, generator, position, data_seed, per_batch,
+    feed = TrainFeed(prepared, sampler, generator, position, seed, per_batch,
                      reads_ahead=prepared is loader and position is None)
     setattr(prepared, _ATTACHED, feed)
     return feed

@@ -102,14 +102,11 @@ def _compact_head(kind: str, state: TrainerState) -> str:
 
 
 def apply_log_level(args: Any) -> None:
-    """Set the ``trainwell`` logger to ``args.log_level`` on a process that logs (``args.should_log``), else to
-    ``args.log_level_replica``. ``"passive"`` leaves the level alone (the application's choice stands)."""
-    from trainwell.training_args import LOG_LEVELS
-
-    name = args.log_level if args.should_log else args.log_level_replica
-    level = LOG_LEVELS.get(name, -1)
-    if level != -1:
-        logging.getLogger("trainwell").setLevel(level)
+    """Set the ``trainwell`` logger to ``args.get_process_log_level()``: ``log_level`` on a process that logs
+    (``args.should_log``), else ``log_level_replica``; ``"passive"`` keeps the library's verbosity (the
+    application's choice stands, or ``transformers``' when a script raised it). The Trainer calls this once,
+    when it is built (``trainwell.wiring.set_up_process``)."""
+    logging.getLogger("trainwell").setLevel(args.get_process_log_level())
 
 
 def _format_duration(seconds: float) -> str:

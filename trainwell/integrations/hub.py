@@ -95,7 +95,7 @@ def init_repo(args: Any, token: str | None, private: bool | None) -> tuple[str, 
 
 
 def commit_message(args: Any, state: Any) -> str:
-    if args.save_strategy == "steps" or getattr(args.save_strategy, "value", None) == "steps":
+    if args.save_strategy == "steps":
         return f"Training in progress, step {state.global_step}"
     return f"Training in progress, epoch {int(state.epoch or 0)}"
 

@@ -75,7 +75,7 @@ def maybe_log_save_evaluate(
         if hooks.control.should_evaluate:
             metrics = hooks._evaluate(trial, ignore_keys_for_eval)
             is_new_best = hooks._determine_best_metric(metrics, trial)
-            if getattr(hooks.args.save_strategy, "value", hooks.args.save_strategy) == "best":
+            if hooks.args.save_strategy == "best":
                 hooks.control.should_save = is_new_best
         if hooks.control.should_save:
             hooks._save_checkpoint(model, trial)

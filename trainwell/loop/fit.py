@@ -123,11 +123,10 @@ class FitLoop:
     def _init_state(self, plan: StepPlan) -> None:
         """A fresh ``TrainerState``, or the checkpoint's (with the callbacks' states when asked)."""
         hooks, args, resume = self.hooks, self.args, self.resume
-        roles = {"is_local_process_zero": hooks.runtime.is_local_main_process,
-                 "is_world_process_zero": hooks.runtime.is_main_process}
         # The callbacks' states as training begins, as the reference records them (save_state() writes these
-        # until a checkpoint records newer ones).
-        hooks.state = TrainerState(**roles, stateful_callbacks=[*hooks.callback_handler.callbacks, hooks.control])
+        # until a checkpoint records newer ones). The process roles are set once, by init_training_references
+        # below (a resumed state holds the roles of the process that saved it).
+        hooks.state = TrainerState(stateful_callbacks=[*hooks.callback_handler.callbacks, hooks.control])
         if resume is not None:
             hooks.state = resume.restore_state(hooks, plan)
             if args.restore_callback_states_from_checkpoint:

@@ -1,8 +1,9 @@
 """Checking what ``compute_metrics`` is and what it returns, at each evaluation.
 
-Owns the checks the evaluation loop runs on the metrics function: its signature against ``batch_eval_metrics``,
-its result (a dict of metric name -> number, converted to Python numbers; a warning, once per metric, for a
-value that is not one), and what counts as a number a best metric can be compared by.
+Owns the checks the evaluation loop runs on the metrics function: its signature against ``batch_eval_metrics``
+(also whenever the Trainer's ``compute_metrics`` is set: :class:`CheckedComputeMetrics`), its result (a dict of
+metric name -> number, converted to Python numbers; a warning, once per metric, for a value that is not one),
+and what counts as a number a best metric can be compared by.
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ def check_compute_metrics(compute_metrics: Callable | None, batch_eval_metrics: 
             f"compute_result=...), but {name} takes no compute_result argument. Add a compute_result parameter "
             "(accumulate per batch; return the metrics when it is True), or set batch_eval_metrics=False."
         )
+
+
+class CheckedComputeMetrics:
+    """The Trainer's ``compute_metrics`` attribute, checked by :func:`check_compute_metrics` whenever it is set (in
+    ``__init__`` and on any later assignment), so a ``batch_eval_metrics`` mismatch fails before training rather
+    than at the first evaluation."""
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else obj.__dict__.get("_compute_metrics")
+
+    def __set__(self, obj: Any, value: Callable | None) -> None:
+        check_compute_metrics(value, bool(getattr(obj.args, "batch_eval_metrics", False)))
+        obj.__dict__["_compute_metrics"] = value
 
 
 def is_metric_number(value: Any) -> bool:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from trainwell.optim.layerwise import LayerWiseDummyOptimizer
+from trainwell.outputs import enum_value
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def setup_low_rank_optimizer(
 
 def _checked_targets(args: Any, optim: str, layerwise: bool) -> str | list[str]:
     parallel_mode = getattr(args, "parallel_mode", None)
-    if layerwise and getattr(parallel_mode, "value", parallel_mode) == "distributed":
+    if layerwise and enum_value(parallel_mode) == "distributed":
         raise NotImplementedError(f"optim={optim!r}: layer-wise optimizers do not support distributed training")
     targets = getattr(args, "optim_target_modules", None)
     if targets is None:

@@ -1,6 +1,8 @@
 """Which parameters get weight decay, and the optimizer parameter groups built from that split.
 
-Owns: :func:`get_parameter_names`, :func:`get_decay_parameter_names`, :func:`build_param_groups`.
+Owns: :func:`get_parameter_names`, :func:`get_decay_parameter_names`, :func:`build_param_groups`, and reading
+the groups back (:func:`learning_rates`, :func:`group_of`: the Trainer's ``get_learning_rates`` and
+``get_optimizer_group``).
 Which optimizer class consumes the groups is decided in :mod:`trainwell.optim.registry`.
 """
 
@@ -101,3 +103,23 @@ def _split_by_device_mesh(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
             by_mesh.setdefault(getattr(p, "device_mesh", None), []).append(p)
         split.extend({**group, "params": params} for params in by_mesh.values())
     return split
+
+
+def _created(optimizer: Any) -> Any:
+    if optimizer is None:
+        raise ValueError("The optimizer is not created yet: call create_optimizer() or train() first.")
+    return optimizer
+
+
+def learning_rates(optimizer: Any) -> list[float]:
+    """The learning rate of each of ``optimizer``'s groups (a ValueError naming the fix while it is None)."""
+    return [group["lr"] for group in _created(optimizer).param_groups]
+
+
+def group_of(optimizer: Any, param: nn.Parameter | None = None) -> Any:
+    """The group of ``optimizer`` that holds ``param`` (None if none does); without ``param``, every group's
+    parameter list. A ValueError naming the fix while ``optimizer`` is None."""
+    groups = _created(optimizer).param_groups
+    if param is None:
+        return [group["params"] for group in groups]
+    return next((group for group in groups if any(p is param for p in group["params"])), None)

@@ -22,6 +22,7 @@ from torch import nn
 
 from trainwell.optim.lowrank import setup_low_rank_optimizer
 from trainwell.optim.param_groups import build_param_groups
+from trainwell.outputs import enum_value
 
 logger = logging.getLogger(__name__)
 
@@ -330,7 +331,7 @@ OPTIMIZERS: dict[str, Factory] = {
 
 
 def _optim_name(optim: Any) -> str:
-    name = str(getattr(optim, "value", optim))
+    name = str(enum_value(optim))
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optim {name!r}: choose one of {', '.join(sorted(OPTIMIZERS))}")
     return name

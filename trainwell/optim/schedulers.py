@@ -339,3 +339,11 @@ def scheduler_for_args(args: Any, optimizer: Optimizer, num_training_steps: int)
 def steps_on_metrics(scheduler: Any) -> bool:
     """Whether ``scheduler`` steps on an evaluation metric (plateau-style) rather than after every optimizer step."""
     return isinstance(scheduler, ReduceLROnPlateau) or type(scheduler).__name__ == "GreedyLR"
+
+
+def current_learning_rate(scheduler: Any, optimizer: Optimizer) -> float:
+    """``Trainer._get_learning_rate``: the first group's learning rate as ``scheduler`` last set it (read off the
+    optimizer for a plateau-style scheduler, whose ``get_last_lr`` may lag a reduction)."""
+    if steps_on_metrics(scheduler):
+        return optimizer.param_groups[0]["lr"]
+    return scheduler.get_last_lr()[0]

@@ -158,12 +158,12 @@ def hyperparameters(trainer: Trainer) -> dict[str, Any]:
     total = args.per_device_train_batch_size * args.gradient_accumulation_steps * runtime.num_processes
     if total != args.per_device_train_batch_size:
         out["total_train_batch_size"] = total
-    optim = str(getattr(args.optim, "value", args.optim)).upper()
+    optim = str(args.optim).upper()  # an OptimizerNames member: str() is its value
     optim_args = args.optim_args or "No additional optimizer arguments"
     out["optimizer"] = (f"Use {optim} with betas=({args.adam_beta1},{args.adam_beta2}) and epsilon="
                         f"{args.adam_epsilon} and optimizer_args={optim_args}" if "ADAM" in optim
                         else f"Use {optim} and the args are:\n{optim_args}")
-    out["lr_scheduler_type"] = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    out["lr_scheduler_type"] = str(args.lr_scheduler_type)
     if args.warmup_steps:
         out["lr_scheduler_warmup_steps"] = args.warmup_steps
     if args.max_steps > 0:

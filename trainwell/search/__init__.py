@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from typing import Any
 
-from trainwell.outputs import BestRun, ExplicitEnum
+from trainwell.outputs import BestRun, ExplicitEnum, enum_value
 from trainwell.utils.packages import installed as _installed
 from trainwell.utils.packages import is_optuna_available, is_ray_available, is_ray_tune_available  # noqa: F401
 
@@ -55,7 +56,7 @@ def default_hp_search_backend() -> str:
 
 def resolve_backend(backend: str | HPSearchBackend | None) -> HPSearchBackend:
     """The backend to run: checked against the known ones and installed, each failure naming the fix."""
-    name = default_hp_search_backend() if backend is None else getattr(backend, "value", backend)
+    name = default_hp_search_backend() if backend is None else enum_value(backend)
     try:
         chosen = HPSearchBackend(name)
     except ValueError:
@@ -190,6 +191,12 @@ def report(trainer: Any, trial: Any, step: int, metrics: dict[str, float]) -> No
         return
     trainer.objective = trainer.compute_objective(dict(metrics))
     importlib.import_module(_BACKENDS[trainer.hp_search_backend][2]).report(trainer, trial, step, dict(metrics))
+
+
+def output_dir(trainer: Any, trial: Any) -> str:
+    """``Trainer._get_output_dir``: ``output_dir``, or a search trial's folder under it (:func:`run_name`)."""
+    name = run_name(trainer, trial)
+    return trainer.args.output_dir if name is None else os.path.join(trainer.args.output_dir, name)
 
 
 def run_name(trainer: Any, trial: Any) -> str | None:

@@ -100,7 +100,7 @@ def _check_scheduler(trainer: Any, scheduler: Any) -> None:
 
     if not isinstance(scheduler, (ASHAScheduler, MedianStoppingRule, HyperBandForBOHB, PopulationBasedTraining)):
         return
-    if str(getattr(trainer.args.eval_strategy, "value", trainer.args.eval_strategy)) == "no":
+    if trainer.args.eval_strategy == "no":
         raise RuntimeError(
             f"The Ray Tune scheduler {type(scheduler).__name__} stops and compares trials on the results they report "
             "during training, but eval_strategy='no' reports none: set eval_strategy='steps' (or 'epoch'), or use "

@@ -35,6 +35,14 @@ def smaller_micro_batch(micro_batch: int, global_batch: int) -> int | None:
     return None
 
 
+def train_attempts(trainer: Any, train_once: Callable[[str | bool | None], Any],
+                   resume_from_checkpoint: str | bool | None) -> Any:
+    """One ``train_once(resume_from_checkpoint)``; with ``auto_find_batch_size``, :func:`train_with_batch_search`."""
+    if trainer.args.auto_find_batch_size:
+        return train_with_batch_search(trainer, train_once, resume_from_checkpoint)
+    return train_once(resume_from_checkpoint)
+
+
 def train_with_batch_search(trainer: Any, train_once: Callable[[str | bool | None], Any],
                             resume_from_checkpoint: str | bool | None) -> Any:
     """Run ``train_once(resume_from_checkpoint)``, shrinking the micro-batch after each out-of-memory error."""

@@ -1,9 +1,10 @@
 """Model introspection: what a model's ``forward`` takes and returns, without importing ``transformers``.
 
 Owns label-name discovery, the ``accepts_loss_kwargs`` rule, loss extraction from the output shapes the
-Trainer accepts (dict, tuple/list with the loss first, dataclass with ``loss``/``logits``), and the flops
-estimate. ``transformers`` models are recognised by duck typing (class names in the MRO, ``config``,
-``save_pretrained``), never by import.
+Trainer accepts (dict, tuple/list with the loss first, dataclass with ``loss``/``logits``), and
+:class:`ModelInfo`: what the Trainer reads off its model once (label names, loss conventions, the sample keys
+``forward`` takes, the flops estimate). ``transformers`` models are recognised by duck typing (class names in
+the MRO, ``config``, ``save_pretrained``), never by import.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -190,25 +192,6 @@ def num_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in unwrap(model).parameters() if p.requires_grad or not trainable_only)
 
 
-def floating_point_ops(model: nn.Module, inputs: dict[str, Any]) -> int:
-    """6 × tokens × non-embedding parameters for models that report ``num_parameters``; 0 otherwise.
-
-    The estimate follows the reference (which only counts ``transformers`` models), so ``total_flos`` means
-    the same in both.
-    """
-    inner = unwrap(model)
-    counter = getattr(inner, "num_parameters", None)
-    if counter is None or not callable(counter):
-        return 0
-    main = inputs.get(main_input_name(inner)) if isinstance(inputs, Mapping) else None
-    if not isinstance(main, torch.Tensor):
-        return 0
-    try:
-        return 6 * main.numel() * counter(exclude_embeddings=True)
-    except TypeError:
-        return 6 * main.numel() * counter()
-
-
 def accepts_keyword(method: Any, name: str) -> bool:
     """Whether ``method`` (a bound method or function) takes the keyword ``name`` (``**kwargs`` counts).
 
@@ -225,3 +208,55 @@ def _accepts(function: Any, name: str) -> bool:
     except (TypeError, ValueError):  # a builtin or C function: assume the modern signature
         return True
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+@dataclass
+class ModelInfo:
+    """What the Trainer reads off a model once: label names, loss conventions, input name, flops factor."""
+
+    accepts_loss_kwargs: bool
+    default_label_names: list[str]  #: forward arguments that hold labels (``args.label_names`` overrides them)
+    can_return_loss: bool
+    shifts_labels: bool  #: a causal LM: its loss ignores the first label of each row
+    main_input_name: str
+    counts_flops: bool  #: the model reports ``num_parameters`` (the flops estimate needs it)
+    forward_parameters: dict[str, inspect.Parameter] = field(repr=False, default_factory=dict)
+    flops_params: int | None = None  #: non-embedding parameters for the flops estimate (computed on first use)
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ModelInfo:
+        return cls(
+            accepts_loss_kwargs=accepts_loss_kwargs(model),
+            default_label_names=find_label_names(model),
+            can_return_loss=can_return_loss(model),
+            shifts_labels=loss_shifts_labels(model),
+            main_input_name=main_input_name(model),
+            counts_flops=callable(getattr(unwrap(model), "num_parameters", None)),
+            forward_parameters=forward_parameters(model),
+        )
+
+    def signature_columns(self, label_names: list[str]) -> list[str]:
+        """Sample keys the model can take (``remove_unused_columns`` keeps these): the named ``forward``
+        arguments, ``label_names``, ``label`` and ``label_ids``."""
+        variadic = (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+        named = [name for name, p in self.forward_parameters.items() if p.kind not in variadic]
+        return list(dict.fromkeys(named + list(label_names) + ["label", "label_ids"]))
+
+    def floating_point_ops(self, model: nn.Module, inputs: Any) -> int:
+        """6 × input tokens × non-embedding parameters, for models that report ``num_parameters`` (else 0).
+
+        The estimate follows the reference (which only counts ``transformers`` models), so ``total_flos`` means
+        the same in both.
+        """
+        if self.flops_params is None:
+            counter = getattr(unwrap(model), "num_parameters", None)
+            self.flops_params = 0
+            if callable(counter):
+                try:
+                    self.flops_params = int(counter(exclude_embeddings=True))
+                except TypeError:
+                    self.flops_params = int(counter())
+        if not self.flops_params or not isinstance(inputs, Mapping):
+            return 0
+        main = inputs.get(self.main_input_name)
+        return 6 * main.numel() * self.flops_params if isinstance(main, torch.Tensor) else 0

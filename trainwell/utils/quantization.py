@@ -24,6 +24,7 @@ from typing import Any
 
 from torch import nn
 
+from trainwell.outputs import enum_value
 from trainwell.utils.model import is_peft_model, unwrap
 
 BITSANDBYTES = "bitsandbytes"
@@ -40,7 +41,7 @@ def quantization_method(model: nn.Module) -> str | None:
         method = BITSANDBYTES
     if method is None and getattr(inner, "is_quantized", False):
         method = "unknown"
-    return None if method is None else str(getattr(method, "value", method))
+    return None if method is None else str(enum_value(method))
 
 
 def check_trainable(model: nn.Module, compiles: bool, device_type: str) -> None:

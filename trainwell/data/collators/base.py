@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from trainwell.outputs import enum_value
+
 #: What a collator is: a list of examples in, one batch out (the type of ``Trainer(data_collator=...)``).
 DataCollator = Callable[[list[Any]], dict[str, Any]]
 
@@ -64,7 +66,7 @@ def normalize_padding(padding: Any) -> str:
         return "longest"
     if padding is False or padding is None:
         return "do_not_pad"
-    value = getattr(padding, "value", padding)
+    value = enum_value(padding)
     if isinstance(value, str) and value in _STRATEGIES:
         return value
     raise ValueError(
