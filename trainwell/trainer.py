@@ -8,7 +8,7 @@ a few lines that hand the work to the module that owns it:
   (data order and resume position), ``loop.boundary`` (log, evaluate, save), ``loop.plan`` (step arithmetic);
 * ``evaluate`` / ``predict`` / ``prediction_step`` → ``trainwell.loop.evaluation``;
 * ``get_*_dataloader`` → ``trainwell.data`` (``train_loader``, ``loaders``);
-* checkpoints → ``trainwell.checkpoint`` (``contents``: what a checkpoint holds; ``resume``: restoring it);
+* checkpoints → ``trainwell.checkpoint`` (``contents``: what a checkpoint holds; ``checkpointer``: the run's);
 * optimizers and schedules → ``trainwell.optim``.
 
 The loops call back only the methods listed in ``trainwell.hooks.TrainerHooks``, always through the Trainer
@@ -32,6 +32,7 @@ from trainwell.backend import failures
 from trainwell.backend.runtime import to_device
 from trainwell.checkpoint import contents
 from trainwell.checkpoint import lock as output_lock
+from trainwell.checkpoint.checkpointer import Checkpointer
 from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module-level names)
     OPTIMIZER_NAME,
     SCALER_NAME,
@@ -39,7 +40,7 @@ from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module
     TRAINER_STATE_NAME,
     TRAINING_ARGS_NAME,
 )
-from trainwell.checkpoint.resume import Resume, last_usable_checkpoint
+from trainwell.checkpoint.resume import last_usable_checkpoint
 from trainwell.data import loaders
 from trainwell.data.train_loader import build_train_feed
 from trainwell.events.callback import TrainerCallback
@@ -127,6 +128,7 @@ class Trainer:
         self.current_gradient_accumulation_steps = 1
         self.micro_batch_loss_scale: torch.Tensor | float | None = None
         self.training_run = None
+        self.checkpointer = Checkpointer(self)  # saves outside train(); each train() call makes its own
         # decided once, not per micro-batch: an override may predate the reference's num_items_in_batch
         self._loss_takes_items = model_utils.accepts_keyword(self.compute_loss, "num_items_in_batch")
         wiring.set_reference_attributes(self)
@@ -214,11 +216,9 @@ class Trainer:
         if self.args.activation_checkpointing:
             wiring.enable_activation_checkpointing(self.model, self.args.activation_checkpointing_kwargs)
         with techniques.during_training(self), failures.stop_together(self, last_usable_checkpoint):
-            resume = Resume.of(self, resume_from_checkpoint)  # every process resumes the same checkpoint
-            if resume is not None:
-                resume.restore(self, contents.Phase.WEIGHTS)
+            self.checkpointer = Checkpointer.of(self, resume_from_checkpoint)  # every process: the same checkpoint
             add_memory = functools.partial(self._memory_tracker.stop, "train")
-            return FitLoop(self, resume, trial, ignore_keys_for_eval, add_memory).run()
+            return FitLoop(self, trial, ignore_keys_for_eval, add_memory).run()
 
     def set_initial_training_values(self, args: TrainingArguments, dataloader: Any) -> StepPlan:
         """The run's step arithmetic; unpacks as the reference's 7-tuple (see ``trainwell.loop.plan``)."""
@@ -468,7 +468,7 @@ class Trainer:
         if self.training_run is not None:
             self.training_run.flush_tokens(self)
         self.store_flos()
-        folder = contents.save_checkpoint(self, self._get_output_dir(trial))
+        folder = self.checkpointer.save_checkpoint(self._get_output_dir(trial))
         if self.args.push_to_hub:
             self._push_from_checkpoint(str(folder))
 
@@ -576,7 +576,7 @@ class Trainer:
         search.report(self, trial, step, metrics)
 
     def _tune_save_checkpoint(self, checkpoint_dir: str) -> None:
-        contents.write_checkpoint_into(self, os.path.join(checkpoint_dir, f"checkpoint-{self.state.global_step}"))
+        self.checkpointer.write_into(os.path.join(checkpoint_dir, f"checkpoint-{self.state.global_step}"))
 
     # ------------------------------------------------------------------------------------------ the Hub
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
