@@ -98,6 +98,11 @@ class Checkpointer:
                              f"{open_rows} (trainwell.checkpoint.contents.CONTENTS).")
         self._providers[name] = provider
 
+    @property
+    def registered(self) -> tuple[str, ...]:
+        """The pieces providers were registered for, in registration order."""
+        return tuple(self._providers)
+
     def use_plan(self, plan: RunPlan) -> None:
         """What the run's step plan says: how long the run is, and where in the data a checkpoint's step stands."""
         self._plan = plan
