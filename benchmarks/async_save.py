@@ -50,11 +50,11 @@ def _without_manifest() -> None:
     """BENCHMARK ONLY: saves without checksums and without ``checkpoint_manifest.json``."""
     from pathlib import Path
 
-    from trainwell.checkpoint import contents
+    from trainwell.checkpoint import checkpointer
     from trainwell.utils import filehash
 
     filehash.recording = lambda folder: filehash.Recording(Path(folder))  # never registered: nothing is hashed
-    contents._write_manifest = lambda folder, recorded: None
+    checkpointer._write_manifest = lambda folder, recorded: None
 
 
 def _classes(impl: str):

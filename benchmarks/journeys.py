@@ -182,14 +182,15 @@ def at_training_step(frame: Any) -> bool:
     return frame.f_code.co_name == "training_step"
 
 
-def names_a_checkpoint(value: Any) -> bool:
-    """The checkpoint being resumed, in any of its forms: a path, or an object holding one (trainwell's Resume)."""
+def names_a_checkpoint(value: Any, depth: int = 2) -> bool:
+    """The checkpoint being resumed, in any of its forms: a path, or a ``trainwell.checkpoint`` object holding one,
+    directly (trainwell's Resume) or through another such object (the run's Checkpointer, holding the Resume)."""
     if isinstance(value, (str, os.PathLike)):
         return "checkpoint-" in os.fspath(value)
     attributes = getattr(value, "__dict__", None)
-    return isinstance(attributes, dict) and type(value).__module__.startswith("trainwell.checkpoint") and any(
-        isinstance(v, (str, os.PathLike)) and "checkpoint-" in os.fspath(v) for v in attributes.values()
-    )
+    if depth == 0 or not isinstance(attributes, dict) or not type(value).__module__.startswith("trainwell.checkpoint"):
+        return False
+    return any(names_a_checkpoint(v, depth - 1) for v in attributes.values())
 
 
 def main() -> None:

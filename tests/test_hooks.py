@@ -117,7 +117,7 @@ def test_an_override_of_each_hook_is_called(hook, scenario, out_dir):
 # ---------------------------------------------------------------------------------- the loops see the contract only
 PACKAGE = Path(trainwell.__file__).parent
 LOOP_MODULES = [*sorted((PACKAGE / "loop").glob("*.py")), PACKAGE / "checkpoint" / "contents.py",
-                PACKAGE / "checkpoint" / "resume.py"]
+                PACKAGE / "checkpoint" / "resume.py", PACKAGE / "checkpoint" / "checkpointer.py"]
 CONTRACT = set(hook_methods()) | set(TrainerHooks.__annotations__)
 
 

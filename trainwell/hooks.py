@@ -6,8 +6,9 @@ reference's names and signatures (the underscore ones too: subclasses of the ref
 ``_prepare_inputs``, ``_save_checkpoint``, ``_maybe_log_save_evaluate``...). Every call goes through the
 Trainer object, so an override in a subclass is honoured; ``tests/test_hooks.py`` overrides each one and checks
 that train, evaluate, predict and resume call it. Below the methods are the attributes the loops read and
-write: the reference's public ones, plus trainwell's components (``runtime``, ``precision``) and the state of
-the ``train()`` call in progress (``training_run``). The loops read nothing else of the Trainer.
+write: the reference's public ones, plus trainwell's components (``runtime``, ``precision``) and the state and
+checkpointer of the ``train()`` call in progress (``training_run``, ``checkpointer``). The loops read nothing else
+of the Trainer.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
     from trainwell.backend.precision import Precision
     from trainwell.backend.runtime import Runtime
+    from trainwell.checkpoint.checkpointer import Checkpointer
     from trainwell.events.handler import CallbackHandler
     from trainwell.loop.plan import StepPlan
     from trainwell.loop.progress import TrainingRun
@@ -124,6 +126,9 @@ class TrainerHooks(Protocol):
     precision: Precision
     #: the counters and positions of the ``train()`` call in progress (the last one after it returns)
     training_run: TrainingRun | None
+    #: the checkpoints of the ``train()`` call in progress (the last one after it returns; before the first, one
+    #: that saves synchronously): its saves, its resume, the providers the loop registers
+    checkpointer: Checkpointer
 
 
 def hook_methods() -> list[str]:

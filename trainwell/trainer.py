@@ -23,6 +23,7 @@ from trainwell.backend import failures
 from trainwell.backend.runtime import to_device
 from trainwell.checkpoint import contents, preemption
 from trainwell.checkpoint import lock as output_lock
+from trainwell.checkpoint.checkpointer import Checkpointer
 from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module-level names)
     OPTIMIZER_NAME,
     SCALER_NAME,
@@ -30,7 +31,7 @@ from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module
     TRAINER_STATE_NAME,
     TRAINING_ARGS_NAME,
 )
-from trainwell.checkpoint.resume import Resume, last_usable_checkpoint
+from trainwell.checkpoint.resume import last_usable_checkpoint
 from trainwell.data import loaders
 from trainwell.data.train_loader import build_train_feed
 from trainwell.events.callback import TrainerCallback
@@ -104,6 +105,7 @@ class Trainer:
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
         wiring.set_run_attributes(self)
+        self.checkpointer = Checkpointer(self)  # saves outside train(); each train() call makes its own
         wiring.set_reference_attributes(self)
         self._hub = None  # the Hub uploader, set by init_hf_repo
         if args.push_to_hub:
@@ -146,11 +148,9 @@ class Trainer:
                        ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         wiring.prepare_attempt(self, trial)
         with techniques.during_training(self), failures.stop_together(self, last_usable_checkpoint):
-            resume = Resume.of(self, resume_from_checkpoint)  # every process resumes the same checkpoint
-            if resume is not None:
-                resume.restore(self, contents.Phase.WEIGHTS)
+            self.checkpointer = Checkpointer.of(self, resume_from_checkpoint)  # every process: the same checkpoint
             add_memory = functools.partial(self._memory_tracker.stop, "train")
-            return FitLoop(self, resume, trial, ignore_keys_for_eval, add_memory).run()
+            return FitLoop(self, trial, ignore_keys_for_eval, add_memory).run()
 
     def set_initial_training_values(self, args: TrainingArguments, dataloader: Any) -> StepPlan:
         """The run's step arithmetic; unpacks as the reference's 7-tuple (see ``trainwell.loop.plan``)."""
@@ -368,7 +368,7 @@ class Trainer:
         if self.training_run is not None:
             self.training_run.flush_tokens(self)
         self.store_flos()
-        folder = contents.save_checkpoint(self, self._get_output_dir(trial))
+        folder = self.checkpointer.save_checkpoint(self._get_output_dir(trial))
         if self.args.push_to_hub:
             self._push_from_checkpoint(str(folder))
 
@@ -475,7 +475,7 @@ class Trainer:
         search.report(self, trial, step, metrics)
 
     def _tune_save_checkpoint(self, checkpoint_dir: str) -> None:
-        contents.write_checkpoint_into(self, os.path.join(checkpoint_dir, f"checkpoint-{self.state.global_step}"))
+        self.checkpointer.write_into(os.path.join(checkpoint_dir, f"checkpoint-{self.state.global_step}"))
 
     # ------------------------------------------------------------------------------------------ the Hub
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:

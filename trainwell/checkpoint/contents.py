@@ -3,13 +3,16 @@
 ``CONTENTS`` below is the list. Each row names a piece, its file in ``checkpoint-N/``, whether every process
 writes its own copy (``rng_state_{rank}.pth``) or one writer process writes it, whether ``save_only_model``
 leaves it out, when ``train(resume_from_checkpoint=...)`` restores it (:class:`Phase`), and the Trainer
-methods (the reference's names, so subclass overrides are honoured) that save and restore it. The table
-drives all three uses:
+methods (the reference's names, so subclass overrides are honoured) that save and restore it. A piece with no
+restoring method is the state of a part of the run the loop registers with the run's checkpointer (a
+``state_dict``/``load_state_dict`` provider: the data position, the epoch's loader seed, the log window); some
+of those are entries of the RNG file (``entry``). The table drives all three uses, through the run's
+checkpointer (``trainwell.checkpoint.checkpointer.Checkpointer``):
 
-* saving (:func:`save_checkpoint`): the ``saved_by`` methods run in table order, into a temporary folder
-  published atomically (``trainwell.checkpoint.io.AtomicDirectory``) once every process wrote its part, so
-  a crash never leaves a ``checkpoint-N`` that resume would pick and fail on; ``trainer_state.json`` is last;
-* resuming (``trainwell.checkpoint.resume.Resume``): each phase runs the ``restored_by`` methods of its rows;
+* saving (:func:`write_pieces`): the ``saved_by`` methods run in table order, into a temporary folder
+  published atomically once every process wrote its part, so a crash never leaves a ``checkpoint-N`` that
+  resume would pick and fail on; ``trainer_state.json`` is last;
+* resuming: each phase runs the ``restored_by`` methods of its rows and hands its providers their saved states;
 * validating (``trainwell.checkpoint.resume.incomplete_reason``): the ``required`` rows must be present.
 
 Sized data needs no position file: the sampler's order is a function of (seed, epoch), and ``global_step``
@@ -30,17 +33,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwell.backend import deepspeed as ds
-from trainwell.backend.runtime import gather_loss_sum
-from trainwell.checkpoint import adapters, manifest, sharded
+from trainwell.checkpoint import adapters, sharded
 from trainwell.checkpoint.io import (
-    AtomicDirectory,
     load_model_weights,
     read_model_weights,
     safe_torch_load,
     save_model_weights,
     torch_save,
     write_json,
-    writing,
 )
 from trainwell.checkpoint.layout import (
     LEGACY_WEIGHTS_NAME,
@@ -51,34 +51,38 @@ from trainwell.checkpoint.layout import (
     TRAINING_ARGS_NAME,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
-    checkpoint_path,
     per_rank_name,
-    rotate_checkpoints,
 )
 from trainwell.checkpoint.optimizer_state import (
     align_optimizer_state,
     align_scheduler_state,
     check_optimizer_state,
 )
-from trainwell.checkpoint.rng import get_rng_state, load_rng_file, set_rng_state
+from trainwell.checkpoint.rng import get_rng_state, set_rng_state
 from trainwell.utils import filehash
 from trainwell.utils import model as model_utils
 
 if TYPE_CHECKING:
+    from trainwell.checkpoint.background import HostStaging
     from trainwell.hooks import TrainerHooks
 
 logger = logging.getLogger(__name__)
 
 DEEPSPEED_LATEST = "latest"  # the file DeepSpeed's save_checkpoint writes last, naming its global_step{N}/ folder
+RNG_NAME = "rng_state.pth"
 
 
 class Phase(enum.Enum):
     """When a resumed ``train()`` restores a piece, in this order."""
 
     WEIGHTS = 1  #: before the model is prepared (wrapped, placed)
-    STATE = 2  #: when the run's ``TrainerState`` is set up, before the step arithmetic is used
+    #: when the run's ``TrainerState`` is set up, before the step arithmetic is used; its methods take no argument
+    #: (the state is ``trainer.state`` by then), as the reference's ``_load_callback_state()``
+    STATE = 2
     OPTIMIZER = 3  #: once the optimizer and scheduler exist and are prepared
-    DATA = 4  #: when the resumed epoch's iterator is built
+    #: when the resumed epoch's iterator is built: where the checkpoint stood inside its epoch, so only when the run
+    #: resumes mid-epoch (a row naming ``entry_at_epoch_start`` is restored from that entry otherwise)
+    DATA = 4
     RNG = 5  #: right after that, before the resumed epoch's first batch
     NEVER = 6  #: written for other tools (``from_pretrained``, the reference), not read on resume
 
@@ -92,8 +96,14 @@ class Piece:
     required: bool  #: a checkpoint without it is incomplete (training-state pieces: unless ``save_only_model``)
     restored: Phase
     saved_by: str  #: the Trainer method that writes it
-    restored_by: str | None  #: the Trainer method that restores it
+    #: the Trainer method that restores it (None: the provider the loop registers under ``name`` does)
+    restored_by: str | None
     replaces: tuple[str, ...] = ()  #: the pieces this one stands in for (their sharded form, under FSDP or ZeRO)
+    #: the TrainingArguments flag without which ``restored_by`` is not called (None: always called)
+    restored_if: str | None = None
+    entry: str | None = None  #: the key of the RNG file's dictionary that holds it (None: it has its own file)
+    #: the entry restored instead when the run resumes at the start of an epoch (``Phase.DATA`` rows)
+    entry_at_epoch_start: str | None = None
 
 
 CONTENTS: tuple[Piece, ...] = (
@@ -112,10 +122,19 @@ CONTENTS: tuple[Piece, ...] = (
     Piece("deepspeed_state", DEEPSPEED_LATEST, False, True, False, Phase.OPTIMIZER, "_save_optimizer_and_scheduler",
           "_load_optimizer_and_scheduler", replaces=("model", "optimizer")),
     Piece("scaler", SCALER_NAME, False, True, False, Phase.OPTIMIZER, "_save_scaler", "_load_scaler"),
-    Piece("rng", "rng_state.pth", True, True, True, Phase.RNG, "_save_rng_state", "_load_rng_state"),
+    Piece("rng", RNG_NAME, True, True, True, Phase.RNG, "_save_rng_state", "_load_rng_state"),
+    # The state of the loop's parts (restored_by None: the providers it registers with the run's checkpointer).
+    # The CPU RNG state the resumed epoch's loader seed is drawn from: mid-epoch the one the checkpoint's epoch
+    # drew from; at an epoch's start the checkpoint's own (that epoch begins after it).
+    Piece("epoch_seed", RNG_NAME, True, True, False, Phase.DATA, "_save_rng_state", None, entry="loader",
+          entry_at_epoch_start="cpu"),
+    # The RNG states the batch read ahead of the checkpoint's step was read from, to read it again identically.
+    Piece("pending_batch", RNG_NAME, True, True, False, Phase.DATA, "_save_rng_state", None, entry="read_ahead"),
+    # The log window in progress: the first log after a resume averages the same steps as the uninterrupted run's.
+    Piece("log_window", RNG_NAME, True, True, False, Phase.RNG, "_save_rng_state", None, entry="log_window"),
     Piece("data_position", "data_state.pth", True, True, False, Phase.DATA, "_save_rng_state", None),
     Piece("trainer_state", TRAINER_STATE_NAME, False, False, True, Phase.STATE, "_save_checkpoint",
-          "_load_callback_state"),
+          "_load_callback_state", restored_if="restore_callback_states_from_checkpoint"),
 )
 # The model piece also covers the processing class (``save_pretrained`` files), a sharded
 # ``model.safetensors.index.json``, and a PEFT model's adapters (``adapter_model.safetensors``, a non-default adapter
@@ -136,11 +155,6 @@ def piece_file(directory: str | os.PathLike, name: str, process_index: int = 0, 
     return Path(directory) / file
 
 
-def _own_file(trainer: TrainerHooks, directory: str | os.PathLike, name: str) -> Path:
-    runtime = trainer.runtime
-    return piece_file(directory, name, runtime.process_index, runtime.num_processes)
-
-
 # ----------------------------------------------------------------------------------------------- saving
 def saving_methods(save_only_model: bool) -> list[str]:
     """The Trainer methods that write a checkpoint's pieces, in table order (``trainer_state.json`` aside)."""
@@ -148,81 +162,7 @@ def saving_methods(save_only_model: bool) -> list[str]:
     return list(dict.fromkeys(p.saved_by for p in pieces))
 
 
-def save_checkpoint(trainer: TrainerHooks, run_dir: str) -> Path:
-    """Write ``checkpoint-{global_step}`` atomically and apply ``save_total_limit``; returns its path.
-
-    With ``save_async`` the model, optimizer, scheduler and scaler are copied to host buffers here and written,
-    synced and published by a background thread (``trainwell.checkpoint.background``); the small files (RNG
-    states, data position, arguments, trainer state) are written before this returns, as in a synchronous save.
-    """
-    args, runtime, state, run = trainer.args, trainer.runtime, trainer.state, trainer.training_run
-    background = run.writer if args.save_async and run is not None else None
-    if background is not None:
-        background.wait()  # the previous save is published before this one reuses the host buffers
-    final = checkpoint_path(run_dir, state.global_step)
-    atomic = AtomicDirectory(final)
-    if args.should_save:
-        atomic.create()
-    runtime.wait_for_everyone()
-    tmp = str(atomic.tmp)
-    recorder = filehash.recording(tmp)  # the files this process writes are checksummed as they are written
-    try:
-        heavy = _stage_in_background(trainer, tmp) if background is not None else _write_pieces(trainer, tmp)
-        # Every process: load_best_model_at_end reloads the best weights on all of them (under FSDP, together).
-        _update_best_checkpoint(trainer, run_dir)
-        if args.should_save:
-            state.record_callback_states(trainer.callback_handler.callbacks + [trainer.control])
-            with writing(os.path.join(tmp, TRAINER_STATE_NAME)):
-                state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
-        # Also the barrier after which every rank's files are in the temporary folder.
-        recorded = runtime.all_gather_object(recorder.snapshot())
-    except BaseException:
-        recorder.stop()
-        raise
-    if not args.should_save:
-        recorder.stop()
-    else:
-        # The folder just written is protected too: after resuming from an older checkpoint, a higher-numbered
-        # one left by the earlier run would otherwise count as "the newest" and this one be deleted.
-        resumed = run.resume.path if run is not None and run.resume is not None else None
-        protected = (state.best_model_checkpoint, resumed, final)
-
-        def finish() -> None:
-            try:
-                if heavy is not None:
-                    heavy()
-                _write_manifest(tmp, [*recorded, recorder.snapshot()])
-            finally:
-                recorder.stop()
-            atomic.publish()
-            rotate_checkpoints(run_dir, args.save_total_limit, protected=protected)
-
-        if background is not None:
-            background.submit(final.name, finish)
-        else:
-            finish()
-    runtime.wait_for_everyone()
-    return final
-
-
-def _write_manifest(folder: str, recorded: list[dict[str, Any]]) -> None:
-    with writing(os.path.join(folder, manifest.MANIFEST_NAME)):
-        manifest.write(folder, manifest.build(folder, recorded))
-
-
-def write_checkpoint_into(trainer: TrainerHooks, folder: str) -> None:
-    """A complete checkpoint written straight into ``folder``, without publishing, rotation or best-model
-    bookkeeping: a copy handed to another tool (Ray Tune's trial checkpoints)."""
-    os.makedirs(folder, exist_ok=True)
-    with filehash.recording(folder) as recorder:
-        _write_pieces(trainer, folder)
-        if trainer.args.should_save:
-            trainer.state.record_callback_states(trainer.callback_handler.callbacks + [trainer.control])
-            trainer.state.save_to_json(os.path.join(folder, TRAINER_STATE_NAME))
-            _write_manifest(folder, [recorder.snapshot()])
-
-
-def _write_pieces(trainer: TrainerHooks, tmp: str) -> None:
+def write_pieces(trainer: TrainerHooks, tmp: str) -> None:
     """The synchronous save: the saving methods of ``CONTENTS``, in table order (nothing left to run later)."""
     for method in saving_methods(trainer.args.save_only_model):
         if method == "save_model":
@@ -240,9 +180,10 @@ def _is_trainers_own(method: Any) -> bool:
     return getattr(method, "__module__", None) == "trainwell.trainer" and method.__qualname__.startswith("Trainer.")
 
 
-def _stage_in_background(trainer: TrainerHooks, tmp: str) -> Callable[[], None] | None:
-    """``save_async``: write the small pieces now, copy the large ones to host buffers, and return the job that
-    writes those copies (None on processes that write nothing more)."""
+def stage_pieces(trainer: TrainerHooks, tmp: str, staging: HostStaging) -> Callable[[], None] | None:
+    """``save_async``: write the small pieces now, copy the large ones to host buffers (``staging``: the run's,
+    reused from one save to the next), and return the job that writes those copies (None on processes that
+    write nothing more)."""
     overridden = [m for m in _SNAPSHOT_METHODS if not _is_trainers_own(getattr(type(trainer), m))]
     if overridden:
         raise ValueError(
@@ -255,7 +196,7 @@ def _stage_in_background(trainer: TrainerHooks, tmp: str) -> Callable[[], None] 
     if not args.should_save:
         return None
     save_model_files(trainer, tmp, weights=False)  # arguments and processing class
-    staging, model = trainer.training_run.staging, model_utils.unwrap(trainer.model)
+    model = model_utils.unwrap(trainer.model)
     weights = staging.snapshot("model", adapters.state_to_snapshot(model))
     states = {}
     if not args.save_only_model:
@@ -340,18 +281,21 @@ def save_scaler(trainer: TrainerHooks, directory: str) -> None:
 
 
 def save_rng_and_data_position(trainer: TrainerHooks, directory: str) -> None:
-    """Every process's RNG states and, for a stateful iterable dataset, its position (every process calls it).
+    """Every process's RNG states and the state of the loop's parts (the pieces its providers give the run's
+    checkpointer: the epoch's loader seed, the pending batch, the log window, a stateful dataset's position).
+    Every process calls it (a provider may be a collective: the log window's mean over processes).
 
     With several processes they are gathered, and the writers (``args.should_save``) write all of them: only writers
     touch a checkpoint folder (no two processes write one file), the folder is complete on a disk the others cannot
     see, and each node's copy with ``save_on_each_node`` holds every process's state, so a restart that numbers the
     nodes differently (torchrun's c10d rendezvous does) still finds its files.
     """
-    files = {"rng": _rng_to_save(trainer), "data_position": None}
-    run = trainer.training_run
-    position = run.feed.position if run is not None else None
-    if position is not None:
-        files["data_position"] = position.state_dict()
+    files: dict[str, Any] = {"rng": get_rng_state()}  # before any provider runs: the generators as they stand
+    for piece, state in trainer.checkpointer.provided("_save_rng_state"):
+        if piece.entry is not None:
+            files["rng"][piece.entry] = state
+        else:
+            files[piece.name] = state
     runtime = trainer.runtime
     if runtime.num_processes == 1:
         everyone = [files]
@@ -361,31 +305,7 @@ def save_rng_and_data_position(trainer: TrainerHooks, directory: str) -> None:
             return
     for rank, pieces in enumerate(everyone):
         for name, value in pieces.items():
-            if value is not None:
-                torch_save(value, piece_file(directory, name, rank, runtime.num_processes))
-
-
-def _rng_to_save(trainer: TrainerHooks) -> dict[str, Any]:
-    """This process's RNG states, with what a resume mid-epoch needs to draw the same again."""
-    run = trainer.training_run
-    state = get_rng_state()
-    if run is not None and run.feed.epoch_rng is not None:
-        state["loader"] = run.feed.epoch_rng  # a resume mid-epoch gives its loader the same worker seed again
-    if run is not None and run.feed.reader is not None and run.feed.reader.pending_rng is not None:
-        state["read_ahead"] = run.feed.reader.pending_rng  # ... and reads its pending batch the same way again
-    if run is not None:  # the log window in progress: logs after a resume equal the uninterrupted run's
-        state["log_window"] = run.losses.window(lambda total: gather_loss_sum(trainer.runtime, total))
-    return state
-
-
-def _update_best_checkpoint(trainer: TrainerHooks, run_dir: str) -> None:
-    """Point ``best_model_checkpoint`` at the checkpoint of the best step, once that step has one."""
-    state = trainer.state
-    if state.best_global_step is None:
-        return
-    best = checkpoint_path(run_dir, state.best_global_step)
-    if state.best_global_step == state.global_step or best.is_dir():
-        state.best_model_checkpoint = str(best)
+            torch_save(value, piece_file(directory, name, rank, runtime.num_processes))
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -470,37 +390,16 @@ def load_scaler(trainer: TrainerHooks, checkpoint: str) -> None:
 
 
 def load_rng_state(trainer: TrainerHooks, checkpoint: str) -> None:
-    """Restore this process's RNG states; a checkpoint without them (or from another world size) warns."""
-    path = _own_file(trainer, checkpoint, "rng")
-    if not path.is_file():
+    """Restore this process's RNG states; a checkpoint without them (or from another world size) warns. The file
+    is the one the run's checkpointer read (once per resume)."""
+    saved = trainer.checkpointer.saved_rng(checkpoint)
+    if saved is None:
         logger.warning(
             "%s has no RNG state for process %d: random draws (dropout, augmentation) after resume will differ "
             "from the uninterrupted run.", checkpoint, trainer.runtime.process_index,
         )  # fmt: skip
         return
-    saved = load_rng_file(path)
     set_rng_state(saved)
-    run = trainer.training_run
-    if run is not None and isinstance(saved.get("log_window"), dict):
-        run.losses.restore_window(saved["log_window"])
-
-
-def saved_rng(trainer: TrainerHooks, checkpoint: str, key: str) -> Any:
-    """The entry ``key`` of this process's RNG file in ``checkpoint`` (None if there is no file or entry)."""
-    path = _own_file(trainer, checkpoint, "rng")
-    return load_rng_file(path).get(key) if path.is_file() else None
-
-
-def load_data_position(trainer: TrainerHooks, checkpoint: str, position: Any) -> bool:
-    """Set a stateful dataset to the position saved in ``checkpoint``; False when there is none (replay instead)."""
-    path = _own_file(trainer, checkpoint, "data_position")
-    if not path.is_file():
-        logger.warning("%s has no %s: the iterable dataset is replayed to skip the consumed batches.",
-                       checkpoint, path.name)
-        return False
-    position.dataset.load_state_dict(safe_torch_load(path))
-    position.restored()
-    return True
 
 
 def load_callback_state(trainer: TrainerHooks) -> None:

@@ -1,11 +1,11 @@
-"""Resuming a run: which checkpoint, whether it is complete, and restoring it phase by phase.
+"""Resuming a run: which checkpoint, whether it is complete, and the state it was written in.
 
-Owns :class:`Resume`, the one object that carries "which checkpoint is being resumed" through a
+Owns :class:`Resume`, the one value that carries "which checkpoint is being resumed" through a
 ``train(resume_from_checkpoint=...)`` call: it is found (``True``: the newest complete checkpoint of
-``output_dir``) and validated once, then restores the checkpoint's pieces in the phases of
-``trainwell.checkpoint.contents.Phase``: weights before the model is prepared, the ``TrainerState`` and
-callback states, the optimizer/scheduler/scaler once they exist, the data position and the RNG states when
-the resumed epoch starts. It also works out where in the data the run stands (epoch, windows consumed).
+``output_dir``) and validated once, agreed on by every process, and reads the checkpoint's ``TrainerState``
+(:meth:`Resume.read_state`), checked against this run's plan. Restoring the checkpoint's pieces, phase by phase,
+is the run's checkpointer's (``trainwell.checkpoint.checkpointer.Checkpointer``, which holds this object); where
+in the data a step stands is the loop's plan's (``StepPlan.position_at``), handed over in a :class:`RunPlan`.
 
 Also here: :func:`incomplete_reason`, the cheap check that a folder is a loadable checkpoint (no tensor is
 read, no pickle opened), and :func:`get_last_checkpoint`, the newest complete checkpoint of a folder.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import zipfile
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainwell.checkpoint import manifest
 from trainwell.checkpoint.adapters import adapter_weight_files
-from trainwell.checkpoint.contents import CONTENTS, Phase, load_data_position, saved_rng
+from trainwell.checkpoint.contents import CONTENTS
 from trainwell.checkpoint.layout import (
     LEGACY_WEIGHTS_NAME,
     TRAINER_STATE_NAME,
@@ -39,9 +38,19 @@ from trainwell.state import TrainerState, state_problems
 
 if TYPE_CHECKING:
     from trainwell.hooks import TrainerHooks
-    from trainwell.loop.plan import StepPlan
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a resume needs of the run's step plan, handed over by the loop (this layer sits below it)."""
+
+    max_steps: int  #: optimizer steps this run trains to
+    global_batch: int  #: samples per optimizer step, over all processes
+    #: ``(global_step, epoch, saved_max_steps) -> (epoch, windows of it already trained)``: where in the data a
+    #: checkpoint's step stands (``trainwell.loop.plan.StepPlan.position_at``)
+    position_at: Callable[[int, float | None, int | None], tuple[int, int]]
 
 
 @dataclass
@@ -49,7 +58,8 @@ class Resume:
     """Resuming one ``train()`` call from the checkpoint at ``path``.
 
     ``epoch`` and ``windows_done`` (the epoch the checkpoint was written in, and the accumulation windows of it
-    already trained) are known once :meth:`restore_state` has read the checkpoint's ``TrainerState``.
+    already trained: where the resumed run continues) are known once :meth:`read_state` has read the checkpoint's
+    ``TrainerState``.
     """
 
     path: str
@@ -101,25 +111,13 @@ class Resume:
             warn_partial(path, missing)
         return cls(path)
 
-    def saved_rng(self, hooks: TrainerHooks, key: str) -> Any:
-        """One entry of this process's saved RNG states (``"cpu"``, or ``"loader"``: the state the checkpoint's
-        epoch drew its loader seed from); None when the checkpoint has none."""
-        return saved_rng(hooks, self.path, key)
-
-    def restore(self, hooks: TrainerHooks, phase: Phase) -> None:
-        """Run the restoring methods of ``phase`` (``WEIGHTS``, ``OPTIMIZER`` or ``RNG``) on ``hooks``."""
-        for method in dict.fromkeys(p.restored_by for p in CONTENTS if p.restored is phase and p.restored_by):
-            getattr(hooks, method)(self.path)
-
-    def restore_state(self, hooks: TrainerHooks, plan: StepPlan) -> TrainerState:
-        """The checkpoint's ``TrainerState``; sets ``epoch`` and ``windows_done`` (where the data stands).
+    def read_state(self, args: Any, plan: RunPlan) -> TrainerState:
+        """The checkpoint's ``TrainerState``; sets ``epoch`` and ``windows_done`` (``plan.position_at``).
 
         The step count carries over as it is (a checkpoint past this run's ``max_steps`` is a ValueError naming
-        the fix). The data position is ``global_step`` windows of *this* run's global
-        batch, so a resume with another world size continues the data exactly when the global batch is kept
-        (e.g. 2 processes x 4 -> 1 x 8); otherwise a warning says so.
+        the fix). The data position is ``global_step`` windows of *this* run's global batch; when the checkpoint's
+        run took another one, a warning says the rest of the epoch will not see exactly the same samples.
         """
-        args, updates_per_epoch, sized = hooks.args, plan.updates_per_epoch, plan.sized
         state = TrainerState.load_from_json(os.path.join(self.path, TRAINER_STATE_NAME))
         if state.global_step > plan.max_steps:
             raise ValueError(
@@ -132,24 +130,18 @@ class Resume:
             logger.warning("The best checkpoint %s recorded in the resumed state no longer exists.", best)
             state.best_model_checkpoint = None
         warn_changed_arguments(self.path, state, args, plan.max_steps)
-        self.epoch, windows = state.global_step // updates_per_epoch, state.global_step % updates_per_epoch
-        if not sized:
-            self.epoch, windows = unsized_position(state, args)
+        self.epoch, windows = plan.position_at(state.global_step, state.epoch, state.max_steps)
         self.windows_done = 0 if args.ignore_data_skip else windows
         before = checkpoint_global_batch(self.path, state)
-        if before is not None and before != plan.total_train_batch_size and not args.ignore_data_skip:
+        if before is not None and before != plan.global_batch and not args.ignore_data_skip:
             logger.warning(
                 "%s was trained with %d samples per optimizer step; this run takes %d. Training continues at step "
                 "%d, with the data position computed from this run's batch, so the rest of the epoch will not see "
                 "exactly the samples the interrupted run would have. To continue exactly, keep "
                 "per_device_train_batch_size x gradient_accumulation_steps x processes at %d.",
-                self.path, before, plan.total_train_batch_size, state.global_step, before,
+                self.path, before, plan.global_batch, state.global_step, before,
             )  # fmt: skip
         return state
-
-    def restore_data(self, hooks: TrainerHooks, position: Any) -> bool:
-        """Set a stateful dataset to its saved position; False when the batches must be replayed instead."""
-        return load_data_position(hooks, self.path, position)
 
 
 def _agree(cls: type[Resume], resume_from_checkpoint: str | bool | None, output_dir: str, checksums: bool,
@@ -262,24 +254,6 @@ def checkpoint_global_batch(path: str, state: TrainerState) -> int | None:
     if not (state.train_batch_size and isinstance(ga, int) and world):
         return None
     return state.train_batch_size * ga * world
-
-
-def unsized_position(state: TrainerState, args: Any) -> tuple[int, int]:
-    """(pass, windows consumed in it) of a checkpoint of a run over data without a length.
-
-    Without a length, a pass counts as ``max_steps`` windows, so ``global_step`` alone cannot say in which
-    pass the checkpoint was written. ``state.epoch`` can: the loop sets it to ``pass + batches_consumed_in_pass
-    / (max_steps * gradient_accumulation_steps)``, with the ``max_steps`` of the run that wrote it (this run
-    may train for longer). A pass that ended with a short window rounds up, so the replay runs to its end.
-    """
-    max_steps = state.max_steps or args.max_steps
-    epoch = state.epoch or 0
-    if max_steps <= 0:
-        return 0, 0
-    ga = args.gradient_accumulation_steps
-    passes = int(math.floor(epoch))
-    consumed = int(round((epoch - passes) * max_steps * ga))
-    return passes, -(-consumed // ga)
 
 
 # ----------------------------------------------------------------------------------------------- validation

@@ -56,3 +56,8 @@ class DataPosition:
     def state_dict(self) -> Any:
         """The dataset state as of the last batch received (the dataset's own state before the first one)."""
         return self._received if self._received is not None else self.dataset.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        """Set the dataset to ``state`` (a checkpoint's position): the next batch read continues from there."""
+        self.dataset.load_state_dict(state)
+        self.restored()

@@ -284,8 +284,7 @@ def push_from_checkpoint(trainer: Any, pusher: HubPusher | None, checkpoint: str
                     "checkpoint).", checkpoint)
         return
     trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
-    run = trainer.training_run
-    writer = run.writer if args.save_async and run is not None else None
+    writer = trainer.checkpointer.writer if args.save_async else None
     when_published = writer.then if writer is not None else (lambda prepare: prepare())
     jobs = pusher.push_checkpoint(checkpoint, commit_message(args, trainer.state), save_extras, when_published)
     if running is None or running.is_done():

@@ -11,8 +11,10 @@ Skipping is as cheap as the data allows:
   resuming in a later pass over a stream without ``set_epoch`` reads the earlier passes too, since its order
   may depend on how often it was iterated.
 
-On the resumed epoch, the checkpoint's RNG states are restored once its iterator exists, right before its
-first batch (so the uninterrupted run's random draws continue exactly).
+On the resumed epoch, the run's checkpointer restores the ``DATA`` phase before the iterator is built (into the
+providers registered here: the dataset's position, the loader seed the epoch drew, the RNG states of the batch
+read ahead of the checkpoint's step) and the ``RNG`` phase once it exists, right before its first batch (so the
+uninterrupted run's random draws continue exactly).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from trainwell.checkpoint.checkpointer import Provider
 from trainwell.checkpoint.contents import Phase
 from trainwell.data.train_loader import ReadAhead, draw_loader_seed
 
 if TYPE_CHECKING:
-    from trainwell.checkpoint.resume import Resume
+    from trainwell.checkpoint.checkpointer import Checkpointer
     from trainwell.data.train_loader import TrainFeed
     from trainwell.hooks import TrainerHooks
     from trainwell.loop.plan import StepPlan
@@ -33,23 +36,31 @@ if TYPE_CHECKING:
 class EpochIterator:
     """The windows of each epoch of one ``train()`` call over ``feed``."""
 
-    def __init__(self, hooks: TrainerHooks, feed: TrainFeed, plan: StepPlan, resume: Resume | None) -> None:
-        self.hooks, self.feed, self.plan, self.resume = hooks, feed, plan, resume
+    def __init__(self, hooks: TrainerHooks, feed: TrainFeed, plan: StepPlan, checkpointer: Checkpointer) -> None:
+        self.hooks, self.feed, self.plan = hooks, feed, plan
+        self.checkpointer, self.resume = checkpointer, checkpointer.resume
         self.replay = not hooks.args.ignore_data_skip
         #: micro-batches of the current epoch consumed so far (those a resume skipped included)
         self.consumed = 0
+        # What the checkpoint restores of the resumed epoch (the DATA phase, through the providers below), used as
+        # the epoch starts.
+        self._seed: Any = None  # the CPU RNG state the epoch's loader seed is drawn from
+        self._pending: Any = None  # the RNG states the batch read ahead was read from
+        #: the state the epoch's loader seed was drawn from (``"epoch_seed"`` of ``CONTENTS``)
+        self.seed_provider = Provider(lambda: feed.epoch_rng, self._set_seed)
+        #: the RNG states the batch read ahead of the step was read from (``"pending_batch"``)
+        self.pending_provider = Provider(self._pending_rng, self._set_pending)
 
     def start(self, epoch: int, skip_windows: int) -> Iterator[list[Any]]:
         """The windows of ``epoch`` after its first ``skip_windows`` (a lazy iterator: nothing read ahead)."""
-        resume = self.resume
-        resuming_here = resume is not None and epoch == resume.epoch
+        resuming_here = self.resume is not None and epoch == self.resume.epoch
         self.consumed = self.plan.batches_before(skip_windows)
-        batches = self._batches(epoch, self.consumed, resuming_here)
+        restored = self.checkpointer.restore(Phase.DATA) if resuming_here else ()
+        batches = self._batches(epoch, self.consumed, resuming_here, "data_position" in restored)
         if resuming_here:
-            pending = resume.saved_rng(self.hooks, "read_ahead") if self.consumed else None
-            if pending is not None and isinstance(batches, ReadAhead):
-                batches.reread(pending)  # the batch read ahead before the checkpoint, read the same way again
-            resume.restore(self.hooks, Phase.RNG)
+            if self._pending is not None and isinstance(batches, ReadAhead):
+                batches.reread(self._pending)  # the batch read ahead before the checkpoint, read the same way again
+            self.checkpointer.restore(Phase.RNG)
             if self.consumed == 0 and self.feed.generator is not None:
                 draw_loader_seed()  # the epoch began after the saved state in the run that saved: draw as it did
         return self._windows(batches, skip_windows)
@@ -64,21 +75,18 @@ class EpochIterator:
             yield taken
             window += 1
 
-    def _batches(self, epoch: int, skip: int, resuming_here: bool) -> Iterator[Any]:
+    def _batches(self, epoch: int, skip: int, resuming_here: bool, restored: bool) -> Iterator[Any]:
+        """``restored``: the dataset was set to its saved position (nothing to skip: it resumes there by itself)."""
         feed, loader = self.feed, self.feed.loader
-        restored = False
-        if skip and resuming_here and feed.position is not None:
-            restored = self.resume.restore_data(self.hooks, feed.position)
-            if restored:
-                skip = 0  # the dataset resumes at its saved position by itself
+        if restored:
+            skip = 0
         if resuming_here and self.replay and feed.sampler is None and not restored and not self.plan.sized:
             self._replay_earlier_passes(epoch)
         if feed.sampler is not None:
             feed.sampler.set_epoch(epoch)
         if feed.generator is not None and resuming_here:
             # mid-epoch: the seed this epoch drew before the checkpoint; at its start: the checkpoint's own state
-            key = "loader" if self.consumed else "cpu"
-            feed.start_epoch(self.resume.saved_rng(self.hooks, key), draw=False)
+            feed.start_epoch(self._seed, draw=False)
         elif feed.generator is not None:
             feed.start_epoch()
         # Accelerate's prepared loaders forward set_epoch to their dataset; a plain DataLoader has none.
@@ -94,6 +102,16 @@ class EpochIterator:
         for _ in range(skip):  # iterable data: replay (documented cost)
             next(iterator, None)
         return self._read_ahead(iterator)
+
+    # ------------------------------------------------------------------------------- what the providers read and set
+    def _set_seed(self, state: Any) -> None:
+        self._seed = state
+
+    def _pending_rng(self) -> Any:
+        return self.feed.reader.pending_rng if self.feed.reader is not None else None
+
+    def _set_pending(self, state: Any) -> None:
+        self._pending = state
 
     def _read_ahead(self, iterator: Iterator[Any]) -> Iterator[Any]:
         self.feed.reader = ReadAhead(iterator) if self.feed.reads_ahead else None

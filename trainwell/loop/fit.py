@@ -3,14 +3,17 @@
 Owns the order of a run, and only that:
 
 1. build the loader and the step plan (``get_train_dataloader``, ``set_initial_training_values``);
-2. set up ``TrainerState``, fresh or from the checkpoint (``trainwell.checkpoint.resume.Resume``);
+2. set up ``TrainerState``, fresh or from the checkpoint;
 3. create and prepare the optimizer and scheduler, then restore their states when resuming;
 4. walk the epochs (``trainwell.loop.epochs``), one optimizer step per window (``trainwell.loop.step``),
    with the log / evaluate / save boundary after each step and each epoch (``trainwell.loop.boundary``);
 5. finish: the train metrics, the best model if asked, ``on_train_end``.
 
 It sees the Trainer only through ``trainwell.hooks.TrainerHooks``, so every overridable method a subclass
-replaces is the one called. The order of events is written once, on ``trainwell.events.callback``.
+replaces is the one called. The order of events is written once, on ``trainwell.events.callback``. Checkpoints
+are the run's checkpointer's (``trainer.checkpointer``, ``trainwell.checkpoint.checkpointer``): the loop hands it
+the step plan and its stateful parts (``FitLoop._register``: the data position, the epoch's loader seed, the batch
+read ahead, the log window) and asks it to restore each phase of a resume when the run reaches it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from trainwell.backend.runtime import gather_loss_sum
 from trainwell.checkpoint import disks
 from trainwell.checkpoint.contents import Phase
 from trainwell.checkpoint.layout import clean_temporary, keep_only_best
+from trainwell.checkpoint.resume import RunPlan
 from trainwell.data.train_loader import TrainFeed
 from trainwell.loop.epochs import EpochIterator
 from trainwell.loop.plan import StepPlan
@@ -34,6 +38,7 @@ from trainwell.state import TrainerState
 from trainwell.utils.metrics import speed_metrics
 
 if TYPE_CHECKING:
+    from trainwell.checkpoint.checkpointer import Checkpointer
     from trainwell.checkpoint.resume import Resume
     from trainwell.hooks import TrainerHooks
 
@@ -59,14 +64,17 @@ def _announce(hooks: TrainerHooks, plan: StepPlan, resume: Resume | None) -> Non
 class FitLoop:
     """One ``train()`` call. Created by the Trainer, used once."""
 
-    def __init__(self, hooks: TrainerHooks, resume: Resume | None, trial: Any, ignore_keys: Any,
+    def __init__(self, hooks: TrainerHooks, trial: Any, ignore_keys: Any,
                  add_memory: Callable[[dict[str, float]], None] | None = None) -> None:
-        self.hooks, self.resume, self.trial, self.ignore_keys = hooks, resume, trial, ignore_keys
+        self.hooks, self.trial, self.ignore_keys = hooks, trial, ignore_keys
         self.add_memory = add_memory  # ends the train stage's memory tracking, adding its metrics to a dict
         self.args = hooks.args
+        self.checkpointer: Checkpointer = hooks.checkpointer  # this call's (Trainer.train makes one per call)
+        self.resume = self.checkpointer.resume
 
     def run(self) -> TrainOutput:
-        hooks, args, resume = self.hooks, self.args, self.resume
+        hooks, args, resume, checkpointer = self.hooks, self.args, self.resume, self.checkpointer
+        checkpointer.restore(Phase.WEIGHTS)  # before the model is prepared
         runtime = hooks.runtime
         if runtime.distributed:  # shared or node-local output_dir: refuse what cannot work before any step
             placement = disks.probe(args.output_dir, args.should_save, runtime.all_gather_object)
@@ -76,9 +84,12 @@ class FitLoop:
             clean_temporary(args.output_dir)  # folders of a save that was interrupted
         loader = hooks.get_train_dataloader()
         plan = StepPlan.of(hooks.set_initial_training_values(args, loader), args.gradient_accumulation_steps)
+        checkpointer.use_plan(RunPlan(plan.max_steps, plan.total_train_batch_size, plan.position_at))
         self._init_state(plan)
         model = self._prepare(plan, loader)
-        run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader), resume)
+        run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader), checkpointer.writer)
+        epochs = EpochIterator(hooks, run.feed, plan, checkpointer)
+        self._register(run, epochs)
         self.step = OptimizerStep(hooks, model, run)
         self.timing_compile = hooks.runtime.compile_backend is not None  # the first step compiles: say how long
         self.model, self.run = model, run
@@ -102,7 +113,6 @@ class FitLoop:
                 "(or num_train_epochs) to train further.", hooks.state.global_step, plan.max_steps,
             )  # fmt: skip
             last_epoch = first_epoch
-        epochs = EpochIterator(hooks, run.feed, plan, resume)
         try:
             for epoch in range(first_epoch, last_epoch):
                 skip_windows = resume.windows_done if resume is not None and epoch == first_epoch else 0
@@ -110,9 +120,9 @@ class FitLoop:
                 self._run_epoch(epochs, epoch, skip_windows)
                 if hooks.control.should_training_stop:
                     break
-            run.writer.wait()  # save_async: the last checkpoint is published before the best one is reloaded
+            checkpointer.wait()  # save_async: the last checkpoint is published before the best one is reloaded
         finally:
-            run.writer.finish_quietly()  # training failed: still let a checkpoint in flight reach the disk
+            checkpointer.finish_quietly()  # training failed: still let a checkpoint in flight reach the disk
         return self._finish()
 
     def _fire(self, event: str) -> None:
@@ -122,15 +132,12 @@ class FitLoop:
     # ------------------------------------------------------------------------------------------- set-up
     def _init_state(self, plan: StepPlan) -> None:
         """A fresh ``TrainerState``, or the checkpoint's (with the callbacks' states when asked)."""
-        hooks, args, resume = self.hooks, self.args, self.resume
+        hooks, args = self.hooks, self.args
         # The callbacks' states as training begins, as the reference records them (save_state() writes these
         # until a checkpoint records newer ones). The process roles are set once, by init_training_references
         # below (a resumed state holds the roles of the process that saved it).
         hooks.state = TrainerState(stateful_callbacks=[*hooks.callback_handler.callbacks, hooks.control])
-        if resume is not None:
-            hooks.state = resume.restore_state(hooks, plan)
-            if args.restore_callback_states_from_checkpoint:
-                hooks._load_callback_state()
+        self.checkpointer.restore(Phase.STATE)  # resuming: the checkpoint's state, and where its data stands
         state = hooks.state
         state.is_hyper_param_search = self.trial is not None
         state.train_batch_size = plan.total_train_batch_size // (plan.accumulation * hooks.runtime.data_parallel_size)
@@ -149,12 +156,21 @@ class FitLoop:
         hooks.model_wrapped = model
         if runtime.uses_deepspeed:
             hooks.deepspeed = model  # the reference's attribute: the DeepSpeed engine
-        if self.resume is not None:
-            self.resume.restore(hooks, Phase.OPTIMIZER)
+        self.checkpointer.restore(Phase.OPTIMIZER)
         handler = hooks.callback_handler
         handler.model, handler.optimizer, handler.lr_scheduler = hooks.model, hooks.optimizer, hooks.lr_scheduler
         handler.train_dataloader = loader
         return model
+
+    def _register(self, run: TrainingRun, epochs: EpochIterator) -> None:
+        """Hand the checkpointer the loop's parts that a checkpoint keeps: the ``CONTENTS`` rows that no Trainer
+        method restores (the Trainer's parts are saved and restored by its methods)."""
+        checkpointer, feed = self.checkpointer, run.feed
+        checkpointer.register("epoch_seed", epochs.seed_provider)
+        checkpointer.register("pending_batch", epochs.pending_provider)
+        checkpointer.register("log_window", run.log_window)
+        if feed.position is not None:  # a stateful IterableDataset's position
+            checkpointer.register("data_position", feed.position)
 
     # ------------------------------------------------------------------------------------------- epochs
     def _run_epoch(self, epochs: EpochIterator, epoch: int, skip_windows: int) -> None:

@@ -86,6 +86,25 @@ class StepPlan:
         """Epochs that ``max_steps`` optimizer steps touch (the ``num_train_epochs`` of ``TrainerState``)."""
         return -(-max_steps // self.updates_per_epoch)
 
+    def position_at(self, global_step: int, epoch: float | None, saved_max_steps: int | None) -> tuple[int, int]:
+        """(epoch, windows of it already trained) of a checkpoint at ``global_step``: where a resume continues.
+
+        With a length, ``global_step`` windows of *this* run's global batch: a resume with another world size
+        continues the data exactly when the global batch is kept (2 processes x 4 -> 1 x 8). Without one, a
+        pass counts as ``max_steps`` windows, so ``global_step`` alone cannot say in which pass the checkpoint
+        was written; the checkpoint's ``epoch`` can: the loop sets it to ``pass + batches_consumed_in_pass /
+        (max_steps * accumulation)``, with the ``max_steps`` of the run that wrote it (``saved_max_steps``; this
+        run may train for longer). A pass that ended with a short window rounds up, so the replay runs to its end.
+        """
+        if self.sized:
+            return divmod(global_step, self.updates_per_epoch)
+        max_steps = saved_max_steps or self.max_steps
+        if max_steps <= 0:
+            return 0, 0
+        passes = int(math.floor(epoch or 0))
+        consumed = int(round(((epoch or 0) - passes) * max_steps * self.accumulation))
+        return passes, -(-consumed // self.accumulation)
+
 
 def build_plan(
     args: Any, batches_per_epoch: int | None, num_examples: int | None, total_train_batch_size: int

@@ -1,10 +1,10 @@
 """What one ``train()`` call keeps between steps: the loss since the last log, token and flop counts, and
 the positions it started from.
 
-Owns :class:`TrainingRun` (set as ``trainer.training_run`` by the fit loop, read by ``log``, the log/save
-boundary and the checkpoint writer) and :class:`LossTracker`. The durable record of a run is
-``TrainerState`` (``trainwell.state``); this object holds what is only meaningful while the run goes on,
-and never enters a checkpoint (except the data position, through ``trainwell.checkpoint.contents``).
+Owns :class:`TrainingRun` (set as ``trainer.training_run`` by the fit loop, read by ``log`` and the log/save
+boundary) and :class:`LossTracker`. The durable record of a run is ``TrainerState`` (``trainwell.state``); this
+object holds what is only meaningful while the run goes on. Of it, only the log window in progress enters a
+checkpoint (``"log_window"``: :attr:`TrainingRun.log_window`, the provider the fit loop hands the checkpointer).
 
 Hot-path rule: counts stay device tensors on an accelerator until a log step reads them (one sync per log,
 none per step).
@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainwell.checkpoint.background import BackgroundWriter, HostStaging
+from trainwell.backend.runtime import gather_loss_sum
+from trainwell.checkpoint.checkpointer import Provider
 from trainwell.utils.throughput import ThroughputWindow, non_embedding_parameters, peak_flops
 
 if TYPE_CHECKING:
-    from trainwell.checkpoint.resume import Resume
+    from trainwell.checkpoint.background import BackgroundWriter
     from trainwell.data.train_loader import TrainFeed
     from trainwell.hooks import TrainerHooks
     from trainwell.loop.plan import StepPlan
@@ -154,17 +155,25 @@ class LossTracker:
 
 
 class TrainingRun:
-    """The ``train()`` call in progress: its plan, data feed, resume, start and running counts."""
+    """The ``train()`` call in progress: its plan, data feed, start and running counts.
 
-    def __init__(self, hooks: TrainerHooks, plan: StepPlan, feed: TrainFeed, resume: Resume | None) -> None:
-        state, args, device = hooks.state, hooks.args, hooks.runtime.device
+    ``writer``: the run's background checkpoint writer (``save_async``), the checkpointer's, kept here too.
+    """
+
+    def __init__(self, hooks: TrainerHooks, plan: StepPlan, feed: TrainFeed,
+                 writer: BackgroundWriter | None = None) -> None:
+        state, args, runtime = hooks.state, hooks.args, hooks.runtime
         self.plan = plan
         self.feed = feed
-        self.resume = resume
+        self.writer = writer
         self.start_time = time.time()
         self.initial_global_step = state.global_step
         self.initial_tokens_seen = state.num_input_tokens_seen
-        self.losses = LossTracker(device, args.logging_nan_inf_filter, last_logged_step=state.global_step)
+        self.losses = LossTracker(runtime.device, args.logging_nan_inf_filter, last_logged_step=state.global_step)
+        #: the log window in progress, as a checkpoint keeps it: its loss sum averaged over processes (a collective,
+        #: as at a log step); a resume continues it
+        self.log_window = Provider(lambda: self.losses.window(lambda total: gather_loss_sum(runtime, total)),
+                                   self._continue_window)
         self.tokens_pending: Any = 0
         self.token_mode = args.include_num_input_tokens_seen
         #: ``log_throughput``: tokens (from shapes, no kernel) and training time of the log window in progress
@@ -174,9 +183,10 @@ class TrainingRun:
         optimizer = getattr(hooks.optimizer, "optimizer", hooks.optimizer)
         #: schedule-free optimizers keep separate train/eval weights: ``train()``/``eval()`` switch them
         self.optimizer_has_modes = has_train_eval_modes(optimizer)
-        #: ``save_async``: the thread that writes checkpoints, and the host buffers it writes from
-        self.writer = BackgroundWriter()
-        self.staging = HostStaging()
+
+    def _continue_window(self, saved: Any) -> None:
+        if isinstance(saved, dict):  # anything else is not a log window trainwell wrote: the window starts afresh
+            self.losses.restore_window(saved)
 
     def count_tokens(self, inputs: Any) -> None:
         """Add one micro-batch's input tokens (``include_num_input_tokens_seen``) to the pending count."""

@@ -1,0 +1,281 @@
+"""One checkpointer per ``train()`` call: it writes the run's checkpoints and restores the one the run resumes.
+
+Owns :class:`Checkpointer` (torchtitan's ``CheckpointManager`` is the model). The run's parts are handed to it:
+the Trainer's (model, optimizer, scheduler, scaler, RNG states, callbacks) through the save and load methods that
+``trainwell.checkpoint.contents.CONTENTS`` names for each piece (the reference's names, so a subclass's overrides
+run), and the loop's (the data position, the epoch's loader seed, the batch read ahead, the log window) as
+``state_dict``/``load_state_dict`` providers it registers under the names of their rows. The checkpointer holds
+the rest of what a save and a resume need, and nothing outside it does:
+
+* the :class:`~trainwell.checkpoint.resume.Resume` (which checkpoint, found and validated once, agreed by every
+  process) and the restore, phase by phase: :meth:`Checkpointer.restore` runs a phase's rows of the table, its
+  Trainer methods and its providers, for all five phases. The resumed checkpoint's RNG file is read once;
+* the save (:meth:`Checkpointer.save_checkpoint`): the pieces written in table order into a temporary folder,
+  checksummed into the manifest, published atomically once every process wrote its part, then rotated;
+* ``save_async``'s host staging and background writer (``trainwell.checkpoint.background``).
+
+This layer sits below the loop and the Trainer and imports neither: the loop hands over its step plan (where in
+the data a checkpoint's step stands) and its providers; the Trainer is seen through ``trainwell.hooks``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trainwell.checkpoint import contents, manifest
+from trainwell.checkpoint.background import BackgroundWriter, HostStaging
+from trainwell.checkpoint.contents import Phase
+from trainwell.checkpoint.io import AtomicDirectory, safe_torch_load, writing
+from trainwell.checkpoint.layout import TRAINER_STATE_NAME, checkpoint_path, rotate_checkpoints
+from trainwell.checkpoint.resume import Resume, RunPlan
+from trainwell.checkpoint.rng import load_rng_file
+from trainwell.utils import filehash
+
+if TYPE_CHECKING:
+    from trainwell.hooks import TrainerHooks
+
+logger = logging.getLogger(__name__)
+
+
+class Stateful(Protocol):
+    """A part of the run whose state a checkpoint keeps."""
+
+    def state_dict(self) -> Any:
+        """Its state as of now (None: nothing to save)."""
+        ...
+
+    def load_state_dict(self, state: Any) -> None:
+        """Continue from ``state``, saved by ``state_dict`` in an earlier run."""
+        ...
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A :class:`Stateful` made of two callables: for state that is not one object's own (it lives in several)."""
+
+    state_dict: Callable[[], Any]
+    load_state_dict: Callable[[Any], None]
+
+
+# What a resume loses without a provider's piece: said in a warning (the other pieces are quietly optional).
+_WITHOUT = {"data_position": "the iterable dataset is replayed to skip the consumed batches"}
+
+
+class Checkpointer:
+    """The checkpoints of one ``train()`` call over the Trainer ``hooks``, resuming ``resume`` (None: a fresh run).
+
+    ``background``: ``save_async`` saves may be written by a background thread (a ``train()`` call, which waits for
+    the last one before it returns); without it every save is synchronous (a save outside ``train()``).
+    """
+
+    def __init__(self, hooks: TrainerHooks, resume: Resume | None = None, background: bool = False) -> None:
+        self.hooks, self.resume = hooks, resume
+        self.writer = BackgroundWriter() if background else None
+        self.staging = HostStaging() if background else None  # host copies, reused from one save to the next
+        self._providers: dict[str, Stateful] = {}
+        self._plan: RunPlan | None = None
+        self._rng: dict[str, Any] | None = None  # the resumed checkpoint's RNG file, once read
+        self._rng_read = False
+
+    @classmethod
+    def of(cls, hooks: TrainerHooks, resume_from_checkpoint: str | bool | None) -> Checkpointer:
+        """The checkpointer of a ``train(resume_from_checkpoint=...)`` call: a collective with several processes
+        (every process resumes the same checkpoint, or all raise the same error: ``Resume.of``)."""
+        return cls(hooks, Resume.of(hooks, resume_from_checkpoint), background=True)
+
+    # ------------------------------------------------------------------------------------------- what the loop hands
+    def register(self, name: str, provider: Stateful) -> None:
+        """Save and restore ``provider`` as the piece ``name`` of ``CONTENTS`` (a row without a restoring method)."""
+        piece = contents.PIECES.get(name)
+        if piece is None or piece.restored_by is not None:
+            open_rows = [p.name for p in contents.CONTENTS if p.restored_by is None and p.restored is not Phase.NEVER]
+            raise ValueError(f"No provider can be registered as {name!r}: the pieces restored by a provider are "
+                             f"{open_rows} (trainwell.checkpoint.contents.CONTENTS).")
+        self._providers[name] = provider
+
+    @property
+    def registered(self) -> tuple[str, ...]:
+        """The pieces providers were registered for, in registration order."""
+        return tuple(self._providers)
+
+    def use_plan(self, plan: RunPlan) -> None:
+        """What the run's step plan says: how long the run is, and where in the data a checkpoint's step stands."""
+        self._plan = plan
+
+    def provided(self, saved_by: str) -> list[tuple[contents.Piece, Any]]:
+        """The pieces written by the Trainer method ``saved_by`` that providers hold, with their states, in table
+        order (a piece whose provider has nothing to save is left out). Every process calls it, in the same order:
+        a provider may be a collective."""
+        pieces = [p for p in contents.CONTENTS if p.saved_by == saved_by and p.name in self._providers]
+        states = [(p, self._providers[p.name].state_dict()) for p in pieces]
+        return [(piece, state) for piece, state in states if state is not None]
+
+    # ------------------------------------------------------------------------------------------- saving
+    def save_checkpoint(self, run_dir: str) -> Path:
+        """Write ``checkpoint-{global_step}`` atomically and apply ``save_total_limit``; returns its path.
+
+        With ``save_async`` (in a ``train()`` call) the model, optimizer, scheduler and scaler are copied to host
+        buffers here and written, synced and published by the background writer; the small files (RNG states, data
+        position, arguments, trainer state) are written before this returns, as in a synchronous save.
+        """
+        hooks = self.hooks
+        args, runtime, state = hooks.args, hooks.runtime, hooks.state
+        background = self.writer if args.save_async else None
+        if background is not None:
+            background.wait()  # the previous save is published before this one reuses the host buffers
+        final = checkpoint_path(run_dir, state.global_step)
+        atomic = AtomicDirectory(final)
+        if args.should_save:
+            atomic.create()
+        runtime.wait_for_everyone()
+        tmp = str(atomic.tmp)
+        recorder = filehash.recording(tmp)  # the files this process writes are checksummed as they are written
+        try:
+            if background is not None:
+                heavy = contents.stage_pieces(hooks, tmp, self.staging)
+            else:
+                heavy = contents.write_pieces(hooks, tmp)
+            # Every process: load_best_model_at_end reloads the best weights on all of them (under FSDP, together).
+            _update_best_checkpoint(hooks, run_dir)
+            if args.should_save:
+                _write_trainer_state(hooks, tmp)
+            # Also the barrier after which every rank's files are in the temporary folder.
+            recorded = runtime.all_gather_object(recorder.snapshot())
+        except BaseException:
+            recorder.stop()
+            raise
+        if not args.should_save:
+            recorder.stop()
+        else:
+            # The folder just written is protected too: after resuming from an older checkpoint, a higher-numbered
+            # one left by the earlier run would otherwise count as "the newest" and this one be deleted.
+            resumed = self.resume.path if self.resume is not None else None
+            protected = (state.best_model_checkpoint, resumed, final)
+
+            def finish() -> None:
+                try:
+                    if heavy is not None:
+                        heavy()
+                    _write_manifest(tmp, [*recorded, recorder.snapshot()])
+                finally:
+                    recorder.stop()
+                atomic.publish()
+                rotate_checkpoints(run_dir, args.save_total_limit, protected=protected)
+
+            if background is not None:
+                background.submit(final.name, finish)
+            else:
+                finish()
+        runtime.wait_for_everyone()
+        return final
+
+    def write_into(self, folder: str) -> None:
+        """A complete checkpoint written straight into ``folder``, without publishing, rotation or best-model
+        bookkeeping: a copy handed to another tool (Ray Tune's trial checkpoints)."""
+        os.makedirs(folder, exist_ok=True)
+        with filehash.recording(folder) as recorder:
+            contents.write_pieces(self.hooks, folder)
+            if self.hooks.args.should_save:
+                _write_trainer_state(self.hooks, folder)
+                _write_manifest(folder, [recorder.snapshot()])
+
+    def wait(self) -> None:
+        """Block until the background save in flight is published; raise its error if it failed."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    def finish_quietly(self) -> None:
+        """Let a background save in flight reach the disk without raising (training already failed)."""
+        if self.writer is not None:
+            self.writer.finish_quietly()
+
+    # ------------------------------------------------------------------------------------------- restoring
+    def restore(self, phase: Phase) -> tuple[str, ...]:
+        """Restore the resumed checkpoint's pieces of ``phase`` (nothing for a fresh run), as ``CONTENTS`` lists them:
+        the ``restored_by`` Trainer methods of its rows, then the registered providers of its other rows.
+
+        ``STATE`` first reads the checkpoint's ``TrainerState`` into ``trainer.state`` (checked against the plan
+        handed to :meth:`use_plan`, which also says where the resumed run continues: ``resume.epoch`` and
+        ``resume.windows_done``). Returns the names of the pieces handed to providers.
+        """
+        if self.resume is None:
+            return ()
+        hooks = self.hooks
+        if phase is Phase.STATE:
+            if self._plan is None:
+                raise RuntimeError("Checkpointer.use_plan(plan) must come before the STATE phase is restored.")
+            hooks.state = self.resume.read_state(hooks.args, self._plan)
+        rows = [p for p in contents.CONTENTS if p.restored is phase]
+        methods = [p.restored_by for p in rows if p.restored_by and (p.restored_if is None
+                                                                     or getattr(hooks.args, p.restored_if))]
+        for method in dict.fromkeys(methods):
+            if phase is Phase.STATE:
+                getattr(hooks, method)()  # the state is trainer.state by now (the reference's signature)
+            else:
+                getattr(hooks, method)(self.resume.path)
+        restored = []
+        for piece in (p for p in rows if p.name in self._providers):  # rows without a method (register says so)
+            state = self._saved(piece)
+            if state is not None:
+                self._providers[piece.name].load_state_dict(state)
+                restored.append(piece.name)
+        return tuple(restored)
+
+    def _saved(self, piece: contents.Piece) -> Any:
+        """What the resumed checkpoint holds of a provider's ``piece`` for this process (None: nothing to restore)."""
+        if piece.restored is Phase.DATA and not self.resume.windows_done:  # the epoch starts over: no position in it
+            if piece.entry_at_epoch_start is None:
+                return None
+            key = piece.entry_at_epoch_start
+        else:
+            key = piece.entry
+        if key is not None:
+            saved = self.saved_rng(self.resume.path)
+            return None if saved is None else saved.get(key)
+        runtime = self.hooks.runtime
+        path = contents.piece_file(self.resume.path, piece.name, runtime.process_index, runtime.num_processes)
+        if not path.is_file():
+            if piece.name in _WITHOUT:
+                logger.warning("%s has no %s: %s.", self.resume.path, path.name, _WITHOUT[piece.name])
+            return None
+        return safe_torch_load(path)
+
+    def saved_rng(self, checkpoint: str) -> dict[str, Any] | None:
+        """This process's saved RNG states in ``checkpoint`` (None without its file). The resumed checkpoint's file
+        is read once, whoever asks (the loader's seed, the pending batch, ``_load_rng_state``, the log window)."""
+        resumed = self.resume is not None and os.fspath(checkpoint) == self.resume.path
+        if resumed and self._rng_read:
+            return self._rng
+        runtime = self.hooks.runtime
+        path = contents.piece_file(checkpoint, "rng", runtime.process_index, runtime.num_processes)
+        saved = load_rng_file(path) if path.is_file() else None
+        if resumed:
+            self._rng, self._rng_read = saved, True
+        return saved
+
+
+def _write_trainer_state(hooks: TrainerHooks, folder: str) -> None:
+    """``trainer_state.json``, with the callbacks' states as they are now (written last: it marks the folder done)."""
+    hooks.state.record_callback_states(hooks.callback_handler.callbacks + [hooks.control])
+    with writing(os.path.join(folder, TRAINER_STATE_NAME)):
+        hooks.state.save_to_json(os.path.join(folder, TRAINER_STATE_NAME))
+
+
+def _write_manifest(folder: str, recorded: list[dict[str, Any]]) -> None:
+    with writing(os.path.join(folder, manifest.MANIFEST_NAME)):
+        manifest.write(folder, manifest.build(folder, recorded))
+
+
+def _update_best_checkpoint(hooks: TrainerHooks, run_dir: str) -> None:
+    """Point ``best_model_checkpoint`` at the checkpoint of the best step, once that step has one."""
+    state = hooks.state
+    if state.best_global_step is None:
+        return
+    best = checkpoint_path(run_dir, state.best_global_step)
+    if state.best_global_step == state.global_step or best.is_dir():
+        state.best_model_checkpoint = str(best)
