@@ -363,7 +363,7 @@ def checkpoint_child(impl: str, width: int, depth: int, repeats: int) -> dict:
             folder = new_folder
         size = _folder_bytes(folder)
 
-        restore_rng = trainer._restore_rng if impl == "trainwell" else trainer._load_rng_state
+        restore_rng = trainer._load_rng_state  # both implement the reference's method
         pieces = {"weights": [], "optimizer": [], "rng": []}
         for _ in range(repeats):
             for name, load in (("weights", trainer._load_from_checkpoint),
