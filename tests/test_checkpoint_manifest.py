@@ -186,7 +186,7 @@ def test_async_saves_write_the_same_manifest(tmp_path):
 
 
 def test_sharded_files_are_checksummed_as_dcp_writes_them(tmp_path, monkeypatch):
-    from trainwell.checkpoint import sharded
+    from trainwell.backend import sharded
 
     model = RegressionModel()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)

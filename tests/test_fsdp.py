@@ -45,10 +45,10 @@ def _two_ranks(runs):
 
 def test_two_rank_fsdp_shards_and_trains_like_ddp_and_like_one_rank_with_twice_the_batch(runs):
     fsdp = _two_ranks(runs)
-    assert fsdp["world"] == 2 and fsdp["shards_model"] and fsdp["sharded_params"]  # DTensor parameters
+    assert fsdp["world"] == 2 and fsdp["engine"] == "fsdp" and fsdp["sharded_params"]  # DTensor parameters
     assert fsdp["is_fsdp_enabled"]  # the reference's attribute, read by library subclasses
     ddp = runs("ddp2", 2)
-    assert not ddp["shards_model"] and not ddp["sharded_params"]
+    assert ddp["engine"] == "data_parallel" and not ddp["sharded_params"]
     assert _max_diff(fsdp, ddp) < TOL and fsdp["losses"] == pytest.approx(ddp["losses"], abs=TOL)
     one = runs("fsdp1", 1, *FSDP, "--batch", "8", "--save-steps", "3")
     assert one["world"] == 1 and one["sharded_params"]
@@ -81,7 +81,7 @@ def test_a_two_rank_checkpoint_resumes_in_one_plain_process(runs):
     full = _two_ranks(runs)
     # the global batch is kept (2 x 4 -> 1 x 8), so the data continues where it stopped
     resumed = runs("reshard-2-1", 0, "--batch", "8", "--resume", str(runs.workdir("fsdp2") / "checkpoint-3"))
-    assert resumed["world"] == 1 and not resumed["shards_model"]
+    assert resumed["world"] == 1 and resumed["engine"] == "data_parallel"
     assert resumed["losses"][:3] == full["losses"][:3]  # from the checkpoint's log history
     assert _max_diff(full, resumed) < TOL and resumed["losses"] == pytest.approx(full["losses"], abs=TOL)
 

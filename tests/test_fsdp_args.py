@@ -91,7 +91,7 @@ def test_an_earlier_fsdp_trainer_does_not_turn_fsdp_on_for_the_next_one(tmp_path
         Trainer(model=RegressionModel(), args=TrainingArguments(str(tmp_path), fsdp=True, use_cpu=True))
     assert os.environ.get("ACCELERATE_USE_FSDP") == "true"  # what Accelerate left behind
     trainer = Trainer(model=RegressionModel(), args=TrainingArguments(str(tmp_path), use_cpu=True, report_to="none"))
-    assert not trainer.runtime.shards_model
+    assert trainer.runtime.engine.name == "data_parallel"
 
 
 def test_size_based_wrapping_that_would_pick_a_module_container_is_refused_early():
@@ -101,7 +101,7 @@ def test_size_based_wrapping_that_would_pick_a_module_container_is_refused_early
     from torch import nn
     from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 
-    from trainwell.backend.engines import check_size_based_wrap
+    from trainwell.backend.fsdp import check_size_based_wrap
 
     class Layer(nn.Linear):
         pass

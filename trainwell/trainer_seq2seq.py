@@ -94,7 +94,7 @@ class Seq2SeqTrainer(Trainer):
             if key in gen_kwargs and gen_kwargs[key] is None:
                 del gen_kwargs[key]
         # every process must take part in each generation step while parameters are sharded
-        gen_kwargs.setdefault("synced_gpus", self.is_deepspeed_enabled or self.is_fsdp_enabled)
+        gen_kwargs.setdefault("synced_gpus", self.runtime.engine.syncs_forward)
         generation_inputs = dict(inputs)
         labels, decoder_ids = inputs.get("labels"), inputs.get("decoder_input_ids")
         if labels is not None and decoder_ids is not None and labels.shape == decoder_ids.shape:

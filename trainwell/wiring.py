@@ -220,9 +220,9 @@ def enable_activation_checkpointing(model: nn.Module, kwargs: dict | None) -> No
 
 def set_reference_attributes(trainer: Any) -> None:
     """The reference's public Trainer attributes that library subclasses read (TRL, sentence-transformers, ...)."""
-    runtime = trainer.runtime
-    trainer.is_deepspeed_enabled, trainer.is_fsdp_enabled = runtime.uses_deepspeed, runtime.is_fsdp
-    trainer.place_model_on_device = not (trainer.is_deepspeed_enabled or runtime.shards_model)
+    engine = trainer.runtime.engine
+    trainer.is_deepspeed_enabled, trainer.is_fsdp_enabled = engine.is_deepspeed_enabled, engine.is_fsdp_enabled
+    trainer.place_model_on_device = engine.places_model
     trainer.is_model_parallel, trainer.deepspeed, trainer.hp_name = False, None, None
     trainer.neftune_noise_alpha = trainer.args.neftune_noise_alpha
     trainer.hub_model_id, trainer.push_in_progress = None, None  # set by init_hf_repo

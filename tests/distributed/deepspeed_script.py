@@ -82,7 +82,7 @@ def main() -> None:
                 "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
                 "lrs": [h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h],
                 "world": trainer.runtime.num_processes,
-                "deepspeed": trainer.runtime.uses_deepspeed,
+                "deepspeed": trainer.runtime.engine.name == "deepspeed",
                 "engine": type(trainer.model_wrapped).__name__,
                 "deepspeed_attribute": trainer.deepspeed is trainer.model_wrapped and trainer.is_deepspeed_enabled,
                 "precision": trainer.runtime.mixed_precision,

@@ -80,7 +80,7 @@ def die_in_save(step: int, rank: int, when: str) -> None:
     metadata are written, the folder is not yet published)."""
     import signal
 
-    from trainwell.checkpoint import sharded
+    from trainwell.backend import sharded
 
     original = sharded.save_optimizer_shards
 
@@ -146,7 +146,7 @@ def main() -> None:
                 "params": {k: v.flatten().tolist() for k, v in weights.items()},
                 "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
                 "world": trainer.runtime.num_processes,
-                "shards_model": trainer.runtime.shards_model,
+                "engine": trainer.runtime.engine.name,
                 "sharded_params": sharded,
                 "is_fsdp_enabled": trainer.is_fsdp_enabled,
                 "compiled": hasattr(trainer.model_wrapped, "_orig_mod"),

@@ -1,16 +1,17 @@
-"""DeepSpeed ZeRO through Accelerate: the config, the plugin, full weights and DeepSpeed's own checkpoints.
+"""The DeepSpeed engine: ZeRO through Accelerate, with its config, plugin, full weights and own checkpoints.
 
-Owns what ``deepspeed=...`` (a dict, a JSON string or a JSON file path) or ``accelerate launch --use_deepspeed``
-turns into: Accelerate's ``DeepSpeedPlugin`` over the config with the reference's ``"auto"`` values filled from
-the arguments (micro batch, accumulation, global batch, clipping, optimizer and scheduler hyperparameters,
-fp16/bf16, the ZeRO bucket sizes from the model's hidden size), and a ``ValueError`` listing every value the
-config sets that contradicts the arguments, as the reference does. Also: the full weights of a ZeRO model
-for ``save_model`` (gathered to the first process, stage 3 included), and the DeepSpeed checkpoint
-(``engine.save_checkpoint`` / ``load_checkpoint``) that holds the partitioned model and optimizer.
+Owns :class:`DeepSpeed` (the engine of ``trainwell.backend.engines.ENGINES``) and what ``deepspeed=...`` (a dict, a
+JSON string or a JSON file path) or ``accelerate launch --use_deepspeed`` turns into: Accelerate's
+``DeepSpeedPlugin`` over the config with the reference's ``"auto"`` values filled from the arguments (micro batch,
+accumulation, global batch, clipping, optimizer and scheduler hyperparameters, fp16/bf16, the ZeRO bucket sizes
+from the model's hidden size), and a ``ValueError`` listing every value the config sets that contradicts the
+arguments, as the reference does. Also: the full weights of a ZeRO model for ``save_model`` (gathered to the first
+process, stage 3 included), and the DeepSpeed checkpoint (``engine.save_checkpoint`` / ``load_checkpoint``) that
+holds the partitioned model and optimizer.
 
 The run itself goes through Accelerate's DeepSpeed engine: trainwell keeps scaling each micro-batch's loss by its
 share of the window (``scale_wrt_gas=False`` tells DeepSpeed not to divide it again) and marks the last
-micro-batch of a window, where DeepSpeed clips, steps and zeroes (see ``trainwell.backend.runtime``).
+micro-batch of a window, where DeepSpeed clips, steps and zeroes (:meth:`DeepSpeed.micro_batch`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,115 @@ import json
 import os
 import pickle
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import torch
+
+from trainwell.backend.engine import Engine
 from trainwell.utils import filehash
+
+LATEST = "latest"  # the file DeepSpeed's save_checkpoint writes last, naming its global_step{N}/ folder
 
 # The config keys the reference fills from the arguments ("auto") and checks against them otherwise.
 _HIDDEN_SIZE_KEYS = ("zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
                      "zero_optimization.stage3_param_persistence_threshold")
+
+
+class DeepSpeed(Engine):
+    """DeepSpeed runs the model: it clips, steps and zeroes inside the last micro-batch's backward, keeps a
+    half-precision model without autocast, and checkpoints the partitioned model and optimizer itself."""
+
+    name = "deepspeed"
+    label = "DeepSpeed"
+    launch_variable = "ACCELERATE_USE_DEEPSPEED"
+    argument = "deepspeed=..."
+    is_deepspeed_enabled = True
+    places_model = False
+    syncs_forward = True
+    every_process_writes = True
+    own_checkpoint_file = LATEST
+    own_checkpoint_hint = "its zero_to_fp32.py turns it into full weights for a fresh start"
+    #: DeepSpeed divides a micro-batch's loss by the accumulation steps unless told not to: trainwell already
+    #: scaled it by the micro-batch's share of the window (``trainwell.loop.accumulation``)
+    backward_kwargs = {"scale_wrt_gas": False}
+
+    def __init__(self, runtime: Any) -> None:
+        super().__init__(runtime)
+        mixed = str(self.accelerator.mixed_precision)
+        self.skips_steps = mixed == "fp16"  # DeepSpeed's own loss scaling skips the step of an overflow
+        self.input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed)
+        self._gradient_state = self.accelerator.gradient_state
+
+    @classmethod
+    def runs(cls, accelerator: Any) -> bool:
+        from accelerate.utils import DistributedType
+
+        return accelerator.distributed_type == DistributedType.DEEPSPEED
+
+    @classmethod
+    def plugin(cls, args: Any) -> dict[str, Any]:
+        """Accelerate's DeepSpeed plugin for ``deepspeed=`` (or ``accelerate launch --use_deepspeed``), its
+        ``"auto"`` values filled from the arguments known now."""
+        if not cls.asked(args):
+            return {}
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ImportError("DeepSpeed was asked for but the deepspeed package is not installed: pip install "
+                              "deepspeed")
+        plugin = make_plugin(load_config(args.deepspeed) if args.deepspeed else None)
+        fill_from_arguments(plugin.deepspeed_config, args)
+        return {"deepspeed_plugin": plugin}
+
+    @classmethod
+    def asked(cls, args: Any) -> bool:
+        return bool(args.deepspeed) or super().asked(args)
+
+    def prepare(self, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+                num_training_steps: int) -> tuple[torch.nn.Module, Any, Any]:
+        return prepare_engine(self.accelerator, self.args, model, optimizer, scheduler, num_training_steps)
+
+    def micro_batch(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
+        """Marks the window's last micro-batch, after whose backward DeepSpeed clips, steps and zeroes (Accelerate's
+        gradient state carries the flag to the engine); DeepSpeed itself skips the all-reduce of the others."""
+        self._gradient_state._set_sync_gradients(last)
+        return self._no_context
+
+    def drop_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Nothing: DeepSpeed zeroed them in the window's last backward (its optimizer's ``step`` is a no-op)."""
+
+    def check_batch_search(self) -> None:
+        raise ValueError(
+            "auto_find_batch_size does not drive DeepSpeed (its micro-batch is fixed in the DeepSpeed config): set "
+            "train_micro_batch_size_per_gpu there, or leave auto_find_batch_size off."
+        )
+
+    def reference_engine(self, model: torch.nn.Module) -> Any:
+        return model  # the prepared model is DeepSpeed's engine
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return full_state_dict(model)
+
+    def checkpoint_keeps_model(self, model: torch.nn.Module, save_only_model: bool) -> bool:
+        # A ZeRO-3 checkpoint's model is in DeepSpeed's checkpoint (partitioned), unless save_only_model skips that
+        return zero_stage(model) >= 3 and not save_only_model
+
+    def save_state(self, model: torch.nn.Module, optimizer: Any, directory: str) -> bool:
+        save_checkpoint(model, directory)  # every process writes its partitions
+        return True
+
+    def load_state(self, model: torch.nn.Module, optimizer: Any, checkpoint: str, full_state: Path) -> bool:
+        load_checkpoint(model, checkpoint)
+        return True
+
+    @classmethod
+    def load_own_weights(cls, model: torch.nn.Module, checkpoint: str) -> None:
+        """Into DeepSpeed's engine (``load_best_model_at_end`` under ZeRO-3); before the engine exists, nothing:
+        it loads them with the optimizer (the resume's optimizer phase)."""
+        if hasattr(model, "load_checkpoint"):
+            load_weights(model, checkpoint)
 
 
 def load_config(value: Any) -> dict[str, Any]:

@@ -1,12 +1,12 @@
-"""Building the ``Accelerator`` from ``TrainingArguments``: which engine runs the model, and how.
+"""The engines, and the ``Accelerator`` they run on, built from ``TrainingArguments``.
 
-Owns the translation of the reference's arguments into Accelerate's objects: the process group
-(``ddp_backend``, ``ddp_timeout``), DDP options, the data-loader configuration (``accelerator_config``),
-mixed precision, ``torch_compile*`` (Accelerate's dynamo plugin), ``fsdp``/``fsdp_config`` (its FSDP2 plugin)
-and ``deepspeed`` (its DeepSpeed plugin, see ``trainwell.backend.deepspeed``), ``parallelism_config`` (its device
-mesh: data, sharded-data and tensor parallelism). Settings that ``accelerate
-launch`` or ``accelerate config`` put in the environment are honoured by Accelerate itself. ``Runtime`` keeps
-the result.
+Owns :data:`ENGINES`, the list of engines (``trainwell.backend.engine.Engine``: one module each), asked in order
+which one runs the model, and the translation of the reference's arguments into Accelerate's objects: the process
+group (``ddp_backend``, ``ddp_timeout``), DDP options, the data-loader configuration (``accelerator_config``),
+mixed precision, ``torch_compile*`` (Accelerate's dynamo plugin), each engine's plugin (FSDP2's from
+``fsdp``/``fsdp_config``, DeepSpeed's from ``deepspeed``), ``parallelism_config`` (its device mesh: data,
+sharded-data and tensor parallelism). Settings that ``accelerate launch`` or ``accelerate config`` put in the
+environment are honoured by Accelerate itself. ``Runtime`` keeps the result and its engine.
 """
 
 from __future__ import annotations
@@ -16,12 +16,54 @@ import datetime
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from trainwell.args.launcher import accelerate_cpu, launched_processes
+from trainwell.backend.data_parallel import DataParallel
+from trainwell.backend.deepspeed import DeepSpeed
+from trainwell.backend.engine import Engine
+from trainwell.backend.fsdp import FSDP2
 from trainwell.backend.precision import check_precision_supported
+from trainwell.backend.tensor_parallel import TensorParallel
+
+if TYPE_CHECKING:
+    from trainwell.backend.runtime import Runtime
 
 logger = logging.getLogger(__name__)
+
+#: The engines, asked in this order which one runs the Accelerator (the first that says so runs the model); each
+#: also adds its plugin to the Accelerator when the arguments ask for it. A new engine is a row here.
+ENGINES: tuple[type[Engine], ...] = (DeepSpeed, FSDP2, TensorParallel, DataParallel)
+
+
+def choose_engine(runtime: Runtime) -> Engine:
+    """The engine that runs ``runtime``'s Accelerator (read once, when the Runtime is built)."""
+    engine = next(cls for cls in ENGINES if cls.runs(runtime.accelerator))
+    return engine(runtime)
+
+
+def check_checkpoint_engine(engine: Engine, checkpoint: str | os.PathLike) -> None:
+    """Refuse to resume ``checkpoint`` under ``engine`` when it holds state that only another engine reads
+    (DeepSpeed's checkpoint), or lacks the state that only ``engine`` writes and reads."""
+    owner = state_owner(checkpoint)
+    if (owner.own_checkpoint_file if owner is not None else None) == engine.own_checkpoint_file:
+        return  # neither holds state of its own, or it is this engine's
+    refused = owner if owner is not None else type(engine)
+    written, run = ("with", "does not use") if owner is not None else ("without", "uses")
+    raise ValueError(
+        f"{checkpoint} was written {written} {refused.label} and this run {run} it: a {refused.label} checkpoint "
+        f"resumes under {refused.label} only ({refused.own_checkpoint_hint}). Resume with the engine that wrote it, "
+        "or start from its model weights."
+    )
+
+
+def state_owner(checkpoint: str | os.PathLike) -> type[Engine] | None:
+    """The engine whose own state ``checkpoint`` holds, which no other engine reads (None: any engine reads it)."""
+    for cls in ENGINES:
+        if cls.own_checkpoint_file is not None and (Path(checkpoint) / cls.own_checkpoint_file).is_file():
+            return cls
+    return None
 
 
 def build_accelerator(args: Any, model: Any = None) -> Any:
@@ -61,8 +103,7 @@ def build_accelerator(args: Any, model: Any = None) -> Any:
             kwargs_handlers=_kwargs_handlers(args),
             dataloader_config=dl_config,
             dynamo_plugin=_dynamo_plugin(args),
-            fsdp_plugin=_fsdp_plugin(args),
-            deepspeed_plugin=_deepspeed_plugin(args),
+            **_engine_plugins(args),
             **_parallelism(args, model),
             # The trainer steps the scheduler itself, once per optimizer step.
             step_scheduler_with_optimizer=False,
@@ -151,7 +192,7 @@ def _dynamo_plugin(args: Any) -> Any:
 # What the launcher (accelerate launch) put in the environment, read before any Accelerator of this process ran:
 # an Accelerator given an FSDP or DeepSpeed plugin writes ACCELERATE_USE_FSDP / ACCELERATE_USE_DEEPSPEED=true
 # into os.environ for good, and Accelerate would then apply that engine to every later Accelerator.
-_ENGINE_VARIABLES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
+_ENGINE_VARIABLES = tuple(cls.launch_variable for cls in ENGINES if cls.launch_variable is not None)
 _LAUNCH_ENV: dict[str, str | None] | None = None
 
 
@@ -167,72 +208,21 @@ def _forget_earlier_engines(args: Any) -> None:
             os.environ[name] = value
 
 
-def _launched_with(name: str) -> bool:
-    return os.environ.get(name, "false").lower() in ("true", "1")
-
-
-def _fsdp_plugin(args: Any) -> Any:
-    """``fsdp``/``fsdp_config``: Accelerate's FSDP plugin (FSDP2); None leaves ``accelerate launch --use_fsdp``'s."""
-    if not args.fsdp:
-        return None
-    from accelerate.utils import FullyShardedDataParallelPlugin
-
-    return FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
-
-
-def check_size_based_wrap(plugin: Any, model: Any) -> None:
-    """FSDP2 with ``SIZE_BASED_WRAP``: refuse, before anything is sharded, a policy that would pick a module container.
-
-    Accelerate shards every module above ``min_num_params``; an ``nn.ModuleList``/``nn.ModuleDict`` holding the
-    layers always qualifies when a layer does, and ``fully_shard`` cannot wrap a container (it has no
-    ``forward``), so the run would crash inside ``prepare`` (with the reference too).
-    """
-    from torch import nn
-
-    policy = getattr(plugin.auto_wrap_policy, "func", plugin.auto_wrap_policy)
-    if getattr(policy, "__name__", "") != "size_based_auto_wrap_policy":
-        return
-    limit = plugin.min_num_params
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
-            size = sum(p.numel() for p in module.parameters())
-            if size > limit:
-                items = sorted({type(m).__name__ for m in module.children()})
-                raise ValueError(
-                    f"fsdp_config auto_wrap_policy='SIZE_BASED_WRAP' with min_num_params={limit} would shard "
-                    f"'{name}' ({type(module).__name__}, {size:,} parameters) on its own, and FSDP2 cannot wrap a "
-                    "container (it has no forward). Use fsdp_config={'auto_wrap_policy': 'TRANSFORMER_BASED_WRAP', "
-                    f"'transformer_layer_cls_to_wrap': {items}}} (its items' classes), or min_num_params >= {size}."
-                )
-
-
-def _deepspeed_plugin(args: Any) -> Any:
-    """``deepspeed=`` (or ``accelerate launch --use_deepspeed``): Accelerate's plugin, "auto" values filled."""
-    if not (args.deepspeed or _launched_with("ACCELERATE_USE_DEEPSPEED")):
-        return None
-    import importlib.util
-
-    if importlib.util.find_spec("deepspeed") is None:
-        raise ImportError("DeepSpeed was asked for but the deepspeed package is not installed: pip install deepspeed")
-    from trainwell.backend import deepspeed as ds
-
-    plugin = ds.make_plugin(ds.load_config(args.deepspeed) if args.deepspeed else None)
-    ds.fill_from_arguments(plugin.deepspeed_config, args)
-    return plugin
+def _engine_plugins(args: Any) -> dict[str, Any]:
+    """The plugins the engines need for ``args`` (``fsdp_plugin=``, ``deepspeed_plugin=``), as Accelerator kwargs."""
+    plugins: dict[str, Any] = {}
+    for cls in ENGINES:
+        plugins.update(cls.plugin(args))
+    return plugins
 
 
 def _check_engine_active(args: Any, accelerator: Any) -> None:
-    """FSDP or DeepSpeed asked for but not running is an error: Accelerate would silently train without it."""
-    from accelerate.utils import DistributedType
-
-    for engine, asked, how in (
-        (DistributedType.FSDP, args.fsdp or _launched_with("ACCELERATE_USE_FSDP"), "fsdp=True"),
-        (DistributedType.DEEPSPEED, args.deepspeed or _launched_with("ACCELERATE_USE_DEEPSPEED"), "deepspeed=..."),
-    ):
-        if asked and accelerator.distributed_type != engine:
+    """An engine asked for but not running is an error: Accelerate would silently train without it."""
+    for cls in ENGINES:
+        if cls.asked(args) and not cls.runs(accelerator):
             raise RuntimeError(
-                f"{engine.value} was asked for ({how} or accelerate launch) but Accelerate set up "
-                f"{accelerator.distributed_type.value} instead: it runs {engine.value} only in processes started by a "
+                f"{cls.label} was asked for ({cls.argument} or accelerate launch) but Accelerate set up "
+                f"{accelerator.distributed_type.value} instead: it runs {cls.label} only in processes started by a "
                 "distributed launcher (torchrun --nproc_per_node N, or accelerate launch --num_processes N), never "
                 "with use_cpu=True, and FSDP only on GPUs. Launch it that way, or drop the option."
             )
@@ -249,7 +239,7 @@ def _check_processes_joined(args: Any, accelerator: Any) -> None:
     if launched <= 1 or accelerator.num_processes > 1:
         return
     device = accelerator.device.type
-    if args.deepspeed or _launched_with("ACCELERATE_USE_DEEPSPEED"):
+    if DeepSpeed.asked(args):
         fix = "DeepSpeed joins CPU processes over gloo only: pass ddp_backend='gloo'"
     elif device == "cpu":
         fix = "launch with torchrun or accelerate launch --multi_gpu, which set the process group up"

@@ -6,9 +6,11 @@ taken and clipped, whether the last optimizer step was skipped (an fp16 overflow
 step then), the dtype of ``fp16_full_eval``/``bf16_full_eval``, TF32 matmuls, and the scaler's state for a
 checkpoint (``state_dict``/``load_state_dict``). Nothing outside ``trainwell.backend`` touches the scaler.
 
-Autocast is Accelerate's: a model prepared by ``Runtime.prepare_model`` runs its ``forward`` under it (as in
-the reference Trainer), and :meth:`Precision.autocast` gives the same context for code that runs a model
-Accelerate did not prepare. The scaler is the one Accelerate built (its optimizer wrapper steps through it).
+Autocast is Accelerate's: a model prepared by the engine (``Runtime.prepare``) runs its ``forward`` under it (as
+in the reference Trainer), and :meth:`Precision.autocast` gives the same context for code that runs a model
+Accelerate did not prepare. The scaler is the one Accelerate built (its optimizer wrapper steps through it). What
+the engine changes (DeepSpeed's own loss scaling, backward arguments, whether torch can be called directly) comes
+from the engine (``trainwell.backend.engine.Engine``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from trainwell.backend.engine import Engine
 
 
 def check_precision_supported(mode: str, device: Any) -> None:
@@ -35,29 +40,19 @@ class Precision:
     """The precision policy of one run, built once from the arguments by ``Runtime``.
 
     ``mode`` is Accelerate's ``mixed_precision`` (``"no"``, ``"fp16"``, ``"bf16"``). ``direct`` is True when
-    backward and clipping can call torch directly (no scaler, and no engine such as DeepSpeed or FSDP that
-    owns them): Accelerate's versions re-check optional packages on every call, which costs more than a tiny
-    model's whole step.
+    backward and clipping can call torch directly (no scaler, and an engine that adds nothing to them:
+    ``engine.direct_gradients``): Accelerate's versions re-check optional packages on every call, which costs more
+    than a tiny model's whole step.
     """
 
-    def __init__(self, accelerator: Any, args: Any) -> None:
-        from accelerate.utils import DistributedType
-
+    def __init__(self, accelerator: Any, args: Any, engine: Engine) -> None:
         self._accelerator = accelerator
         self._scaler = accelerator.scaler
         self.mode: str = str(accelerator.mixed_precision)
-        mesh = accelerator.parallelism_config
-        self.direct: bool = self._scaler is None and accelerator.distributed_type in (
-            DistributedType.NO,
-            DistributedType.MULTI_CPU,
-            DistributedType.MULTI_GPU,
-        ) and not (mesh is not None and mesh.tp_enabled)  # DTensor gradients: Accelerate clips them mesh by mesh
-        deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
-        #: only fp16 ever skips a step (an overflow: Accelerate's grad scaler, or DeepSpeed's own loss scaling)
-        self.can_skip_steps: bool = self._scaler is not None or (deepspeed and self.mode == "fp16")
-        #: DeepSpeed divides a micro-batch's loss by the accumulation steps unless told not to: trainwell
-        #: already scaled it by the micro-batch's share of the window (``trainwell.loop.accumulation``)
-        self._backward_kwargs = {"scale_wrt_gas": False} if deepspeed else {}
+        self.direct: bool = self._scaler is None and engine.direct_gradients
+        #: only fp16 ever skips a step (an overflow: Accelerate's grad scaler, or an engine's own loss scaling)
+        self.can_skip_steps: bool = self._scaler is not None or engine.skips_steps
+        self._backward_kwargs = engine.backward_kwargs
         #: the dtype of a ``fp16_full_eval`` / ``bf16_full_eval`` evaluation copy, None to evaluate as trained
         self.eval_dtype: torch.dtype | None = (
             torch.float16 if args.fp16_full_eval else torch.bfloat16 if args.bf16_full_eval else None

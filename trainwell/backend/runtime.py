@@ -1,9 +1,10 @@
 """The runtime: the one place that talks to ``accelerate``.
 
 Owns the ``Accelerator`` of one Trainer (built from ``TrainingArguments`` by ``trainwell.backend.engines``),
-the process topology, the ``Precision`` of ``trainwell.backend.precision``, and the handful of operations the
-loops need from Accelerate (prepare, no_sync, gather, reduce, barrier). The loops read these objects, never
-``args.fp16`` or ``args.use_cpu``: flags become objects here, once.
+the process topology, the engine that runs the model (``trainwell.backend.engine.Engine``, chosen once here),
+the ``Precision`` of ``trainwell.backend.precision``, and the handful of operations the loops need from
+Accelerate (prepare, gather, reduce, barrier). The loops read these objects, never ``args.fp16`` or
+``args.use_cpu``: flags become objects here, once.
 
 Multi-process training is whatever Accelerate sets up from ``torchrun`` / ``accelerate launch``; there is no
 home-made distributed layer.
@@ -11,14 +12,13 @@ home-made distributed layer.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from trainwell.backend.engines import build_accelerator, check_size_based_wrap
+from trainwell.backend.engines import build_accelerator, choose_engine
 from trainwell.backend.precision import Precision
 
 logger = logging.getLogger(__name__)
@@ -77,15 +77,18 @@ class Runtime:
         if self.distributed:
             _destroy_process_group_at_exit()
         self._read_mesh()
-        self._read_engine(args)
+        #: the engine that runs the model (data parallel, FSDP2, tensor parallel, DeepSpeed): how it is prepared,
+        #: stepped and checkpointed
+        self.engine = choose_engine(self)
+        #: the dtype floating-point inputs take (the engine's: DeepSpeed keeps a half-precision model), None: as is
+        self.input_dtype: torch.dtype | None = self.engine.input_dtype
         self.mixed_precision: str = str(self.accelerator.mixed_precision)
-        self.precision = Precision(self.accelerator, args)
+        self.precision = Precision(self.accelerator, args, self.engine)
         dynamo = state.dynamo_plugin
         #: torch.compile's backend when models are compiled (``torch_compile`` or ``accelerate launch``), else None
         self.compile_backend: str | None = None if dynamo.backend.value == "NO" else dynamo.backend.value.lower()
         self._compile_kwargs = dynamo.to_kwargs() if self.compile_backend else {}
         self._compiled: dict[int, tuple[Any, Any]] = {}
-        self._no_context = contextlib.nullcontext()
         self._prepared: tuple[Any, Any] | None = None  # the model and optimizer prepare() returned last
 
     def _read_mesh(self) -> None:
@@ -118,86 +121,16 @@ class Runtime:
                 "tensor-parallel group must read the same ones. Use 'random' or 'group_by_length'."
             )
 
-    def _read_engine(self, args: Any) -> None:
-        from accelerate.utils import DistributedType
-
-        kind = self.accelerator.distributed_type
-        #: FSDP2 shards the model over the data-parallel processes
-        self.is_fsdp: bool = kind == DistributedType.FSDP
-        #: the model is sharded across processes (FSDP2, tensor parallelism): its parameters are DTensors, and
-        #: checkpoints and full weights need every process
-        self.shards_model: bool = self.is_fsdp or self.tp_size > 1
-        #: FSDP checkpoints keep the model sharded (``fsdp_config["state_dict_type"]="SHARDED_STATE_DICT"``)
-        self.sharded_checkpoints: bool = self.is_fsdp and "SHARDED" in str(
-            self.accelerator.state.fsdp_plugin.state_dict_type
-        )
-        if self.sharded_checkpoints and args.save_only_model:
-            raise ValueError(
-                "save_only_model=True with fsdp_config['state_dict_type']='SHARDED_STATE_DICT': a sharded checkpoint "
-                "keeps the model's shards with the optimizer's. Use state_dict_type='FULL_STATE_DICT' to save only "
-                "full model weights, or save_only_model=False."
-            )
-        #: DeepSpeed runs the model: it clips, steps and zeroes inside the last micro-batch's backward
-        self.uses_deepspeed: bool = kind == DistributedType.DEEPSPEED
-        if args.save_async and (self.shards_model or self.uses_deepspeed):
-            raise NotImplementedError(
-                f"save_async=True is not supported under {kind.value} yet: its checkpoints are written by every "
-                "process through the engine. Set save_async=False (or train without the engine)."
-            )
-        #: the dtype floating-point inputs take: DeepSpeed keeps a half-precision model and no autocast
-        self.input_dtype: torch.dtype | None = None
-        if self.uses_deepspeed:
-            mixed = str(self.accelerator.mixed_precision)
-            self.input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed)
-
     # ----------------------------------------------------------------------------------------- preparation
-    def prepare_model(self, model: torch.nn.Module, evaluation_mode: bool = False) -> torch.nn.Module:
-        """Place the model and wrap it (DDP, autocast) as Accelerate decides.
-
-        Compiled in mixed precision on one process, the model is compiled first: Accelerate then wraps the
-        compiled module's ``forward`` in autocast and its float32 output cast, so they run around the compiled
-        graphs as a hand-written ``with torch.autocast(...)`` does. Compiled together with the model (Accelerate's
-        order), each graph break of the model splits the wrappers' frames into more graphs and breaks.
-        """
-        if self.compile_backend is not None and not self.distributed and self.precision.mode in ("bf16", "fp16"):
-            model = self.compiled(model)
-        return self.accelerator.prepare_model(model, evaluation_mode=evaluation_mode)
-
     def prepare(
         self, model: torch.nn.Module, optimizer: Any, scheduler: Any, num_training_steps: int
     ) -> tuple[torch.nn.Module, Any, Any]:
-        """The model, optimizer and scheduler for training.
-
-        FSDP shards model and optimizer in one call (the optimizer's parameters become the sharded ones);
-        DeepSpeed builds its engine from all three (its own optimizer or scheduler when its config names one);
-        otherwise the model is wrapped and the optimizer wrapped only when needed.
-        """
+        """The model, optimizer and scheduler for training, prepared by the engine (once per model and optimizer)."""
         if self._prepared is not None and optimizer is self._prepared[1]:
             return self._prepared[0], optimizer, scheduler  # a later train() call with the same model and optimizer
-        if self.uses_deepspeed:
-            from trainwell.backend.deepspeed import prepare_engine
-
-            model, optimizer, scheduler = prepare_engine(
-                self.accelerator, self.args, model, optimizer, scheduler, num_training_steps
-            )
-        elif self.shards_model:  # FSDP2 shards both; tensor parallelism makes the remaining parameters DTensors
-            if self.is_fsdp:
-                check_size_based_wrap(self.accelerator.state.fsdp_plugin, model)
-            model, optimizer = self.accelerator.prepare(model, optimizer)
-        else:
-            model, optimizer = self.prepare_model(model), self.prepare_optimizer(optimizer)
+        model, optimizer, scheduler = self.engine.prepare(model, optimizer, scheduler, num_training_steps)
         self._prepared = (model, optimizer)
         return model, optimizer, scheduler
-
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """Wrap the optimizer when Accelerate has work to do in ``step`` (a grad scaler, DeepSpeed, XLA).
-
-        Otherwise the optimizer is returned as is: the wrapper's ``step`` re-checks optional packages on the
-        file system at every call, which costs more than a tiny model's whole optimizer step.
-        """
-        if self.precision.direct or type(optimizer).__name__ == "AcceleratedOptimizer":
-            return optimizer
-        return self.accelerator.prepare_optimizer(optimizer)
 
     def prepare_dataloader(self, dataloader: Any) -> Any:
         """Shard across processes and place batches on the device.
@@ -229,20 +162,6 @@ class Runtime:
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return self.accelerator.unwrap_model(model)
-
-    # ----------------------------------------------------------------------------------------- the step
-    def micro_batch(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
-        """The context of one micro-batch's backward: no gradient all-reduce until the last of its window.
-
-        Under DeepSpeed it marks the window's last micro-batch instead, the one after whose backward DeepSpeed
-        clips, steps and zeroes (Accelerate's gradient state carries the flag to the engine).
-        """
-        if self.uses_deepspeed:
-            self.accelerator.gradient_state._set_sync_gradients(last)
-            return self._no_context
-        if last or not self.distributed:
-            return self._no_context
-        return self.accelerator.no_sync(model)
 
     # ----------------------------------------------------------------------------------------- collectives
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:

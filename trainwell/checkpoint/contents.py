@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwell.backend import deepspeed as ds
-from trainwell.checkpoint import adapters, sharded
+from trainwell.backend import engines, sharded
+from trainwell.checkpoint import adapters
 from trainwell.checkpoint.io import (
     load_model_weights,
     read_model_weights,
@@ -68,7 +69,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEEPSPEED_LATEST = "latest"  # the file DeepSpeed's save_checkpoint writes last, naming its global_step{N}/ folder
 RNG_NAME = "rng_state.pth"
 
 
@@ -113,13 +113,14 @@ CONTENTS: tuple[Piece, ...] = (
           "_load_optimizer_and_scheduler"),
     Piece("scheduler", SCHEDULER_NAME, False, True, True, Phase.OPTIMIZER, "_save_optimizer_and_scheduler",
           "_load_optimizer_and_scheduler"),
-    # Under FSDP (trainwell.checkpoint.sharded): every process writes its shards, the coordinator .metadata last.
+    # Under FSDP or tensor parallelism (trainwell.backend.sharded): every process writes its shards, the coordinator
+    # .metadata last.
     Piece("model_shards", f"{sharded.MODEL_DIR}/{sharded.METADATA}", False, True, False, Phase.WEIGHTS,
           "_save_optimizer_and_scheduler", "_load_from_checkpoint", replaces=("model",)),
     Piece("optimizer_shards", f"{sharded.OPTIMIZER_DIR}/{sharded.METADATA}", False, True, False, Phase.OPTIMIZER,
           "_save_optimizer_and_scheduler", "_load_optimizer_and_scheduler", replaces=("optimizer",)),
     # Under DeepSpeed: its own checkpoint (global_step{N}/, partitioned), `latest` naming it written last.
-    Piece("deepspeed_state", DEEPSPEED_LATEST, False, True, False, Phase.OPTIMIZER, "_save_optimizer_and_scheduler",
+    Piece("deepspeed_state", ds.LATEST, False, True, False, Phase.OPTIMIZER, "_save_optimizer_and_scheduler",
           "_load_optimizer_and_scheduler", replaces=("model", "optimizer")),
     Piece("scaler", SCALER_NAME, False, True, False, Phase.OPTIMIZER, "_save_scaler", "_load_scaler"),
     Piece("rng", RNG_NAME, True, True, True, Phase.RNG, "_save_rng_state", "_load_rng_state"),
@@ -142,10 +143,6 @@ CONTENTS: tuple[Piece, ...] = (
 # reference's ``pytorch_model.bin`` as model weights.
 
 PIECES = {piece.name: piece for piece in CONTENTS}
-
-
-def has_deepspeed_state(directory: str | os.PathLike) -> bool:
-    return (Path(directory) / DEEPSPEED_LATEST).is_file()
 
 
 def piece_file(directory: str | os.PathLike, name: str, process_index: int = 0, num_processes: int = 1) -> Path:
@@ -215,27 +212,22 @@ def stage_pieces(trainer: TrainerHooks, tmp: str, staging: HostStaging) -> Calla
 
 
 def save_model(trainer: TrainerHooks, output_dir: str | None, internal_call: bool) -> None:
-    """``save_model``: the full weights, gathered from every process first under FSDP (a collective there).
+    """``save_model``: the full weights, gathered from every process first by a sharding engine (a collective there).
 
-    A checkpoint of a run with sharded FSDP checkpoints skips the gathering: its model is written as shards,
-    with the optimizer (``_save_optimizer_and_scheduler``); only the arguments and processing class come here.
+    A checkpoint whose engine keeps the model in its own state (sharded FSDP checkpoints, ZeRO-3) skips the
+    gathering: the model is written with the optimizer (``_save_optimizer_and_scheduler``); only the arguments and
+    processing class come here.
     """
-    runtime = trainer.runtime
-    if runtime.uses_deepspeed:
-        engine = trainer.model_wrapped
-        # A ZeRO-3 checkpoint's model is in DeepSpeed's checkpoint (partitioned), unless save_only_model skips that
-        if internal_call and ds.zero_stage(engine) >= 3 and not trainer.args.save_only_model:
-            if trainer.args.should_save:
-                save_model_files(trainer, output_dir or trainer.args.output_dir, weights=False)
-        else:
-            trainer._save(output_dir, state_dict=ds.full_state_dict(engine))
-    elif not runtime.shards_model:
-        trainer._save(output_dir)
-    elif internal_call and runtime.sharded_checkpoints:
+    engine, model = trainer.runtime.engine, trainer.model_wrapped
+    if internal_call and engine.checkpoint_keeps_model(model, trainer.args.save_only_model):
         if trainer.args.should_save:
             save_model_files(trainer, output_dir or trainer.args.output_dir, weights=False)
+        return
+    state_dict = engine.full_state_dict(model)
+    if state_dict is None:
+        trainer._save(output_dir)  # the model's own state_dict, read where it is written
     else:
-        trainer._save(output_dir, state_dict=sharded.full_model_state(model_utils.unwrap(trainer.model_wrapped)))
+        trainer._save(output_dir, state_dict=state_dict)
 
 
 def save_model_files(
@@ -259,16 +251,11 @@ def save_model_files(
 
 
 def save_optimizer_and_scheduler(trainer: TrainerHooks, directory: str) -> None:
-    """The optimizer (sharded under FSDP, with the model when its checkpoints are sharded) and the scheduler."""
-    runtime, should_save = trainer.runtime, trainer.args.should_save
-    if runtime.uses_deepspeed:  # every process writes its partitions
-        ds.save_checkpoint(trainer.model_wrapped, directory)
-    elif runtime.shards_model:  # every process writes its shards
-        model = model_utils.unwrap(trainer.model_wrapped)
-        if runtime.sharded_checkpoints:
-            sharded.save_model_shards(model, directory)
-        sharded.save_optimizer_shards(model, trainer.optimizer, directory)
-    elif should_save:
+    """The optimizer (in the engine's own state where it keeps one: shards, DeepSpeed's checkpoint, with the model
+    where the checkpoint keeps it there) and the scheduler."""
+    should_save = trainer.args.should_save
+    own = trainer.runtime.engine.save_state(trainer.model_wrapped, trainer.optimizer, directory)  # every process
+    if not own and should_save:
         torch_save(trainer.optimizer.state_dict(), piece_file(directory, "optimizer"))
     if should_save:
         torch_save(trainer.lr_scheduler.state_dict(), piece_file(directory, "scheduler"))
@@ -310,11 +297,12 @@ def save_rng_and_data_position(trainer: TrainerHooks, directory: str) -> None:
 
 # ----------------------------------------------------------------------------------------------- loading
 def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
-    """The checkpoint's weights (shards or full) into ``model`` (sharded by FSDP or not, a DeepSpeed engine)."""
-    if has_deepspeed_state(checkpoint) and not _has_full_weights(checkpoint):
-        if hasattr(model, "load_checkpoint"):  # a DeepSpeed engine (load_best_model_at_end under ZeRO-3)
-            ds.load_weights(model, checkpoint)
-        return  # before the engine exists: it loads them with the optimizer (the OPTIMIZER phase)
+    """The checkpoint's weights (shards or full) into ``model`` (sharded or not, a DeepSpeed engine): read by the
+    checkpoint's form, whichever engine runs."""
+    owner = engines.state_owner(checkpoint)
+    if owner is not None and not _has_full_weights(checkpoint):
+        owner.load_own_weights(model, checkpoint)  # only in the engine's own state (ZeRO-3)
+        return
     model = model_utils.unwrap(model)  # a compiled model's weights are its original module's
     if model_utils.is_peft_model(model) and not _has_full_weights(checkpoint):
         adapters.load_adapters(model, checkpoint, strict=strict)  # the reference's checkpoints hold adapters only
@@ -334,44 +322,36 @@ def _has_full_weights(checkpoint: str) -> bool:
 def load_optimizer_and_scheduler(trainer: TrainerHooks, checkpoint: str) -> None:
     """Restore the optimizer and scheduler states (after the optimizer was prepared)."""
     optimizer_file, scheduler_file = piece_file(checkpoint, "optimizer"), piece_file(checkpoint, "scheduler")
-    if trainer.runtime.uses_deepspeed != has_deepspeed_state(checkpoint):
-        written, run = ("with", "does not use") if has_deepspeed_state(checkpoint) else ("without", "uses")
-        raise ValueError(
-            f"{checkpoint} was written {written} DeepSpeed and this run {run} it: a DeepSpeed checkpoint resumes "
-            "under DeepSpeed only (its zero_to_fp32.py turns it into full weights for a fresh start). Resume with "
-            "the engine that wrote it, or start from its model weights."
-        )
+    engine = trainer.runtime.engine
+    engines.check_checkpoint_engine(engine, checkpoint)  # a DeepSpeed checkpoint resumes under DeepSpeed only
     group_map, saved_groups = None, 0  # how the saved optimizer groups map onto this run's (plain files only)
-    if trainer.runtime.uses_deepspeed:
-        ds.load_checkpoint(trainer.model_wrapped, checkpoint)
-    elif sharded.has_shards(checkpoint, sharded.OPTIMIZER_DIR):
-        sharded.load_optimizer_shards(model_utils.unwrap(trainer.model_wrapped), trainer.optimizer, checkpoint)
-    elif trainer.runtime.shards_model and optimizer_file.is_file():
-        raise ValueError(
-            f"{checkpoint} holds {OPTIMIZER_NAME}, written by a run without FSDP; an FSDP run restores the optimizer "
-            f"from its shards ({sharded.OPTIMIZER_DIR}/). Resume it without FSDP, or delete {OPTIMIZER_NAME} to "
-            "start the optimizer from scratch."
-        )
-    elif not optimizer_file.is_file():
-        logger.warning(
-            "%s has no %s (saved with save_only_model?): the optimizer starts fresh, so training will not "
-            "continue exactly where it stopped.", checkpoint, OPTIMIZER_NAME,
-        )  # fmt: skip
-        return
-    else:
-        saved = safe_torch_load(optimizer_file, map_location=trainer.runtime.device)
-        inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-        model = model_utils.unwrap(trainer.model)
-        aligned, group_map = align_optimizer_state(saved, inner, model)
-        names = {id(p): n for n, p in model.named_parameters()}
-        check_optimizer_state(aligned, inner, names, str(optimizer_file), _saved_argument(checkpoint, "optim"))
-        trainer.optimizer.load_state_dict(aligned)
-        saved_groups = len(saved["param_groups"])
+    # The engine's own state first (shards, DeepSpeed's checkpoint), else the optimizer's full state_dict
+    if not engine.load_state(trainer.model_wrapped, trainer.optimizer, checkpoint, optimizer_file):
+        if not optimizer_file.is_file():
+            logger.warning(
+                "%s has no %s (saved with save_only_model?): the optimizer starts fresh, so training will not "
+                "continue exactly where it stopped.", checkpoint, OPTIMIZER_NAME,
+            )  # fmt: skip
+            return
+        group_map, saved_groups = _load_full_optimizer_state(trainer, checkpoint, optimizer_file)
     if scheduler_file.is_file():
         scheduler_state = safe_torch_load(scheduler_file)
         if isinstance(scheduler_state, dict):
             scheduler_state = align_scheduler_state(scheduler_state, group_map, saved_groups)
         trainer.lr_scheduler.load_state_dict(scheduler_state)
+
+
+def _load_full_optimizer_state(trainer: TrainerHooks, checkpoint: str, file: Path) -> tuple[list[int] | None, int]:
+    """``optimizer.pt`` into the optimizer, its groups aligned with this run's and checked first; returns how the
+    saved groups map onto this run's and how many were saved (for the scheduler's per-group lists)."""
+    saved = safe_torch_load(file, map_location=trainer.runtime.device)
+    inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    model = model_utils.unwrap(trainer.model)
+    aligned, group_map = align_optimizer_state(saved, inner, model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    check_optimizer_state(aligned, inner, names, str(file), _saved_argument(checkpoint, "optim"))
+    trainer.optimizer.load_state_dict(aligned)
+    return group_map, len(saved["param_groups"])
 
 
 def _saved_argument(checkpoint: str, name: str) -> Any:

@@ -78,8 +78,8 @@ class FitLoop:
         runtime = hooks.runtime
         if runtime.distributed:  # shared or node-local output_dir: refuse what cannot work before any step
             placement = disks.probe(args.output_dir, args.should_save, runtime.all_gather_object)
-            disks.check(placement, args, runtime.shards_model or runtime.uses_deepspeed, runtime.is_main_process,
-                        one_folder=runtime.shards_model)
+            disks.check(placement, args, runtime.engine.every_process_writes, runtime.is_main_process,
+                        one_folder=runtime.engine.one_folder)
         if args.should_save:
             clean_temporary(args.output_dir)  # folders of a save that was interrupted
         loader = hooks.get_train_dataloader()
@@ -154,8 +154,7 @@ class FitLoop:
             hooks.model, hooks.optimizer, hooks.lr_scheduler, plan.max_steps
         )
         hooks.model_wrapped = model
-        if runtime.uses_deepspeed:
-            hooks.deepspeed = model  # the reference's attribute: the DeepSpeed engine
+        hooks.deepspeed = runtime.engine.reference_engine(model)  # the reference's attribute: DeepSpeed's engine
         self.checkpointer.restore(Phase.OPTIMIZER)
         handler = hooks.callback_handler
         handler.model, handler.optimizer, handler.lr_scheduler = hooks.model, hooks.optimizer, hooks.lr_scheduler

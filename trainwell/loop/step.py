@@ -6,13 +6,13 @@ backward, is ``Trainer.training_step``). For each window:
 1. count the window's loss items and derive each micro-batch's loss factor (``trainwell.loop.accumulation``);
    the factor reaches ``training_step`` as ``trainer.micro_batch_loss_scale``, and the window's length as
    ``trainer.current_gradient_accumulation_steps`` (the reference's attribute);
-2. run ``trainer.training_step`` per micro-batch, all but the last without a gradient all-reduce (one
-   per window; under DeepSpeed the last is marked as the window's boundary), adding each returned loss to
-   the run's ``LossTracker``;
+2. run ``trainer.training_step`` per micro-batch in the engine's micro-batch context (all but the last
+   without a gradient all-reduce, one per window; under DeepSpeed the last is marked as the window's
+   boundary), adding each returned loss to the run's ``LossTracker``;
 3. clip (unscaling fp16 gradients), ``optimizer.step()``, step the scheduler unless the step was skipped
-   (fp16 overflow) or the scheduler follows evaluation metrics, and drop the gradients. DeepSpeed has done
-   its clip, step and zeroing in the boundary's backward already: its optimizer's ``step`` is a no-op and the
-   norm is the one it measured.
+   (fp16 overflow) or the scheduler follows evaluation metrics, and let the engine drop the gradients.
+   DeepSpeed has done its clip, step and zeroing in the boundary's backward already: its optimizer's ``step``
+   is a no-op, the norm is the one it measured, and its engine leaves the gradients alone.
 
 Callback events fire in between (``on_step_begin``, ``on_substep_end``, ``on_pre_optimizer_step``,
 ``on_optimizer_step``), only to callbacks that listen. Hot-path rules: no host-device sync, no dict rebuilt,
@@ -60,8 +60,8 @@ class OptimizerStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.scheduler_on_metrics = steps_on_metrics(hooks.lr_scheduler)
         self.max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
-        #: DeepSpeed zeroes the gradients itself; elsewhere the loop drops them after the step
-        self.drops_grads = not runtime.uses_deepspeed
+        # The engine's parts of a step, bound once: a micro-batch's context, and dropping the gradients after it
+        self.micro_batch, self.drop_gradients = runtime.engine.micro_batch, runtime.engine.drop_gradients
         #: an override of training_step written to the reference's older (model, inputs) signature
         self.step_takes_items = accepts_keyword(hooks.training_step, "num_items_in_batch")
         # The default floating_point_ops adds 0 for a model that reports no size: skip calling it then.
@@ -93,7 +93,7 @@ class OptimizerStep:
             hooks.control._new_step()  # the flag reset the handler would do, without the dispatch
         for i, inputs in enumerate(batches):
             hooks.micro_batch_loss_scale = factors[i] if factors is not None else None
-            with self.runtime.micro_batch(self.model, i == last):
+            with self.micro_batch(self.model, i == last):
                 if self.step_takes_items:
                     loss = hooks.training_step(self.model, inputs, num_items)
                 else:
@@ -133,6 +133,4 @@ class OptimizerStep:
         skipped = self.precision.can_skip_steps and self.precision.step_was_skipped  # fp16 overflow
         if not self.scheduler_on_metrics and not skipped:
             hooks.lr_scheduler.step()
-        if self.drops_grads:
-            for param in self.params:  # model.zero_grad() would walk the module tree again
-                param.grad = None
+        self.drop_gradients(self.params)

@@ -46,11 +46,7 @@ def train_attempts(trainer: Any, train_once: Callable[[str | bool | None], Any],
 def train_with_batch_search(trainer: Any, train_once: Callable[[str | bool | None], Any],
                             resume_from_checkpoint: str | bool | None) -> Any:
     """Run ``train_once(resume_from_checkpoint)``, shrinking the micro-batch after each out-of-memory error."""
-    if trainer.runtime.uses_deepspeed:
-        raise ValueError(
-            "auto_find_batch_size does not drive DeepSpeed (its micro-batch is fixed in the DeepSpeed config): set "
-            "train_micro_batch_size_per_gpu there, or leave auto_find_batch_size off."
-        )
+    trainer.runtime.engine.check_batch_search()  # DeepSpeed fixes the micro-batch in its config
     args = trainer.args
     restore_chosen_size(trainer, resume_from_checkpoint)
     while True:

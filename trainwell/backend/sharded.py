@@ -1,14 +1,16 @@
-"""Sharded model and optimizer states through ``torch.distributed.checkpoint`` (DCP), for FSDP runs.
+"""Sharded model and optimizer states through ``torch.distributed.checkpoint`` (DCP): the checkpoint state of the
+engines whose parameters are DTensors (``trainwell.backend.fsdp``, ``trainwell.backend.tensor_parallel``).
 
-Owns reading and writing the two sharded pieces of an FSDP checkpoint, in Accelerate's (and so the reference's)
+Owns reading and writing the two sharded pieces of such a checkpoint, in Accelerate's (and so the reference's)
 ``SHARDED_STATE_DICT`` layout: ``pytorch_model_fsdp_0/`` holding ``{"model": ...}`` and ``optimizer_0/`` holding
 ``{"optimizer": ...}``, parameters keyed by their names. Every process writes its own shards; DCP's coordinator
 writes ``.metadata`` last, after every process's shards, so a folder without it is an incomplete save.
 
 Loading works at any world size and into a model that is not sharded at all (one process, no process group):
 DCP reads each parameter's slices from whichever files hold them. So a checkpoint written by 2 processes
-resumes on 1 and vice versa. Also here: gathering the full weights of a sharded model (``save_model``), and
-loading full weights into one (``load_best_model_at_end`` from a full checkpoint).
+resumes on 1 and vice versa (``trainwell.checkpoint.contents`` reads model shards whatever the engine). Also
+here: gathering the full weights of a sharded model (``save_model``), and loading full weights into one
+(``load_best_model_at_end`` from a full checkpoint).
 
 Reading never runs code from the folder. torch's own reader unpickles ``.metadata`` with plain ``pickle`` and the
 non-tensor entries (optimizer hyperparameters) with ``weights_only=False``, so a crafted file would run whatever it
