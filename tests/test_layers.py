@@ -141,3 +141,52 @@ def test_the_package_surfaces_are_above_what_they_re_export():
     assert _target("trainwell.integrations", "hub") == "integrations.hub"
     assert _target("trainwell.integrations", "reporting_callbacks") == "integrations.__init__"
     assert _target("trainwell", "checks") == "checks" and _target("trainwell") == "__init__"
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other in a circle (strongly connected, more than one module)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's algorithm; the package is a few hundred modules deep at most
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    graph = {_module_name(path): {t for _, t in _imports(path) if t is not None} for path in PACKAGE.rglob("*.py")}
+    return {module: {t for t in targets if t in graph and t != module} for module, targets in graph.items()}
+
+
+def test_no_circle_of_imports_leaves_its_folder():
+    """Modules of one folder may lean on each other; a circle through two folders (or a folder and a top-level
+    module) ties layers together, so that none can be read, tested or replaced alone."""
+    def folder(module: str) -> str:
+        return module.rsplit(".", 1)[0] if "." in module else "<top level>"
+
+    crossing = [group for group in _circles(_import_graph()) if len({folder(m) for m in group}) > 1]
+    assert crossing == []
+
+
+def test_a_circle_is_found():
+    graph = {"a.x": {"b.y"}, "b.y": {"a.x", "c"}, "c": set(), "d.p": {"d.q"}, "d.q": {"d.p"}}
+    assert sorted(_circles(graph)) == [["a.x", "b.y"], ["d.p", "d.q"]]

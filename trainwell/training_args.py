@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from trainwell.args import aliases, normalize, support, validate
 from trainwell.args.accelerator_config import AcceleratorConfig
+from trainwell.args.fields import check_known_keys
 from trainwell.outputs import (
     HubStrategy,
     IntervalStrategy,
@@ -471,7 +472,7 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
         """Build from a mapping such as :meth:`to_dict` output; unknown keys raise ``ValueError``."""
         known = {f.name for f in fields(cls) if f.init} | set(aliases.ALIASES_BY_NAME)
-        validate.check_known_keys(data, known, cls.__name__)
+        check_known_keys(data, known, cls.__name__)
         return cls(**data)
 
     @classmethod

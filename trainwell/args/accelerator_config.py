@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from trainwell.args import normalize, validate
+from trainwell.args import normalize
+from trainwell.args.fields import check_known_keys
 
 
 def _arg(default: Any, help: str) -> Any:
@@ -41,7 +42,7 @@ class AcceleratorConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AcceleratorConfig:
         """Build from a dict; an unknown key is a ``ValueError`` naming it (with a did-you-mean)."""
-        validate.check_known_keys(data, {f.name for f in fields(cls)}, "accelerator_config")
+        check_known_keys(data, {f.name for f in fields(cls)}, "accelerator_config")
         return cls(**data)
 
     @classmethod

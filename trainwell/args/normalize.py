@@ -19,6 +19,7 @@ import os
 import warnings
 from typing import Any
 
+from trainwell.args.fields import check_known_keys, coerce_bools, numeric_fields
 from trainwell.args.fsdp import normalize_fsdp
 from trainwell.args.trackers import TRACKERS, kubeflow_enabled
 from trainwell.outputs import HubStrategy, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, enum_value
@@ -214,19 +215,6 @@ def _with_kubeflow(names: list[str]) -> list[str]:
 # --- numbers given as strings -----------------------------------------------------------------------------------
 
 
-@functools.cache
-def _numeric_fields(cls: type) -> dict[str, tuple[type, bool]]:
-    """Field name → (int or float, whether None is allowed), read from the annotation text (the module uses
-    postponed annotations), which avoids the cost of ``typing.get_type_hints`` on every construction."""
-    out: dict[str, tuple[type, bool]] = {}
-    for f in dataclasses.fields(cls):
-        text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-        bare = text.replace("Optional[", "").rstrip("]").replace(" | None", "").replace("None | ", "")
-        if bare in ("int", "float"):
-            out[f.name] = (int if bare == "int" else float, bare != text)
-    return out
-
-
 def _to_number(name: str, given: Any, kind: type) -> int | float:
     value = given
     if isinstance(given, str):
@@ -243,37 +231,6 @@ def _to_number(name: str, given: Any, kind: type) -> int | float:
     return value
 
 
-@functools.cache
-def _bool_fields(cls: type) -> tuple[str, ...]:
-    """Fields annotated ``bool`` or ``bool | None`` (read from the annotation text, as :func:`_numeric_fields`)."""
-    bools = ("bool", "bool | None", "None | bool", "Optional[bool]")
-    return tuple(
-        f.name
-        for f in dataclasses.fields(cls)
-        if (f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")) in bools
-    )
-
-
-def coerce_bools(args: Any) -> None:
-    """A bool field given a string gets what the argument parser would make of it: "yes"/"true"/"1" -> True,
-    "no"/"false"/"0" -> False (any case). Kept as is, "no" would be a truthy string; any other string is an error."""
-    for name in _bool_fields(type(args)):
-        value = getattr(args, name)
-        if not isinstance(value, str):
-            continue
-        import argparse  # deferred, as the parser: only a string here needs them
-
-        from trainwell.args.parser import string_to_bool
-
-        try:
-            setattr(args, name, string_to_bool(value))
-        except argparse.ArgumentTypeError:
-            raise ValueError(
-                f"{name}={value!r}: pass True or False (the strings 'true'/'false', 'yes'/'no' and '1'/'0' "
-                "are read as such, in any case)."
-            ) from None
-
-
 # int fields where the reference refuses a float, even a whole one (its check is ``isinstance(value, int)``), so a
 # config that passes here passes there: ``torch_empty_cache_steps=1.0`` is an error in both.
 _INT_ONLY_FIELDS = frozenset({"torch_empty_cache_steps"})
@@ -287,7 +244,7 @@ def coerce_numbers(args: Any) -> None:
     may turn 8 into 8.0. A value that is not a number is an error here rather than a ``TypeError`` deep
     inside the optimizer.
     """
-    for name, (kind, optional) in _numeric_fields(type(args)).items():
+    for name, (kind, optional) in numeric_fields(type(args)).items():
         value = getattr(args, name)
         if name in _INT_ONLY_FIELDS and isinstance(value, float):
             continue  # left a float, for validation to refuse
@@ -434,7 +391,6 @@ def to_parallelism_config(value: Any) -> Any:
             f"parallelism_config={value!r}: pass an accelerate.ParallelismConfig, or a dict of its sizes such as "
             "{'dp_shard_size': 2, 'tp_size': 2}."
         )
-    from trainwell.args.validate import check_known_keys
 
     check_known_keys(value, set(PARALLELISM_FIELDS), "parallelism_config")
     from accelerate import ParallelismConfig

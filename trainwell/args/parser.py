@@ -19,22 +19,11 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from trainwell.args.aliases import ALIASES, AliasInitMeta
+from trainwell.args.fields import string_to_bool
 from trainwell.utils.errors import choice_error, did_you_mean
 
 _ALIAS_DEST = "trainwell_alias__"  # namespace prefix of the 4.x option names
 _CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
-
-
-def string_to_bool(value: str | bool) -> bool:
-    """``argparse`` type for booleans: yes/no, true/false, t/f, y/n, 1/0 (any case)."""
-    if isinstance(value, bool):
-        return value
-    text = value.strip().lower()
-    if text in ("yes", "true", "t", "y", "1"):
-        return True
-    if text in ("no", "false", "f", "n", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false, yes/no, 1/0), got {value!r}")
 
 
 def HfArg(  # noqa: N802  (the reference's name)

@@ -33,9 +33,9 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainwell.args.normalize import _numeric_fields
+from trainwell.args.fields import coerce_bools, numeric_fields
 from trainwell.outputs import IntervalStrategy, SaveStrategy, SchedulerType
-from trainwell.utils.errors import choice_error, did_you_mean
+from trainwell.utils.errors import choice_error
 
 INCLUDE_FOR_METRICS_CHOICES: tuple[str, ...] = ("inputs", "loss")
 # What Accelerate's dynamo plugin accepts (accelerate.utils.DynamoBackend), written out so that constructing the
@@ -106,17 +106,20 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 @functools.cache
-def _float_fields() -> dict[str, Any]:
-    """The float fields ``TrainingArguments`` declares (not those a subclass adds) -> their declared default."""
-    from trainwell.training_args import TrainingArguments  # deferred: that module imports this one
+def _float_fields(cls: type) -> dict[str, Any]:
+    """The float fields ``TrainingArguments`` declares (not those a subclass ``cls`` adds) -> their declared default.
 
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
-    return {name: defaults[name] for name, (kind, _) in _numeric_fields(TrainingArguments).items() if kind is float}
+    The class is found in ``cls``'s bases by name: ``trainwell.training_args`` imports this module, so this one
+    does not import it back."""
+    declared = next((c for c in cls.__mro__ if c.__module__ == "trainwell.training_args"
+                     and c.__name__ == "TrainingArguments"), cls)
+    defaults = {f.name: f.default for f in dataclasses.fields(declared)}
+    return {name: defaults[name] for name, (kind, _) in numeric_fields(declared).items() if kind is float}
 
 
 def _check_finite(args: Any) -> None:
     """NaN passes every comparison-based range check (``nan < 0`` is False), so non-finite floats go first."""
-    for name, default in _float_fields().items():
+    for name, default in _float_fields(type(args)).items():
         value = getattr(args, name, None)
         if value is None or math.isfinite(value) or (math.isinf(value) and name in _INF_MEANS_SOMETHING):
             continue
@@ -374,20 +377,9 @@ _CHECKS: tuple[Callable[[Any], None], ...] = (
 )
 
 
-def check_known_keys(data: Mapping[str, Any], known: set[str], what: str) -> None:
-    """Raise ``ValueError`` naming every key of ``data`` not in ``known``, with a guess for the first."""
-    unknown = sorted(k for k in data if k not in known)
-    if unknown:
-        raise ValueError(
-            f"{what} got unknown key(s) {', '.join(map(repr, unknown))}.{did_you_mean(unknown[0], known)}"
-        )
-
-
 def checked_values(args: Any) -> Any:
     """``args`` after the single-value checks (finite floats, ranges, kinds): what a ``set_*`` method ends with.
     Cross-field checks wait for construction, as a script may pass through a mixed state between two setters."""
-    from trainwell.args.normalize import coerce_bools
-
     coerce_bools(args)  # "no" for a bool field means False, as at construction
     for check in (_check_finite, _check_ranges, _check_kinds):
         check(args)
