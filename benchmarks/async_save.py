@@ -111,24 +111,33 @@ def report(results: dict[str, list[dict]], steps: int, every: int) -> None:
     rounds = len(next(iter(results.values())))
     print(f"\n== {params / 1e6:.1f}M parameters + AdamW, {steps} steps, a save every {every} steps, "
           f"{rounds} round(s) ==")
-    print(f"{'configuration':<18}{'first save':>12}{'later saves':>13}{'train()':>10}{'over no saves':>15}  written")
+    print(f"{'configuration':<18}{'first save':>12}{'later saves':>13}{'p25-p75':>16}{'train()':>10}"
+          f"{'over no saves':>15}  written")
     base = min(r["wall"] for r in results["no saves"])
     later: dict[str, float] = {}
+    spread: dict[str, tuple[float, float]] = {}  # the middle half of the later saves
     for config, runs in results.items():
         wall = min(r["wall"] for r in runs)
         if config == "no saves":
-            print(f"{config:<18}{'':>12}{'':>13}{wall:>9.2f}s{'':>15}")
+            print(f"{config:<18}{'':>12}{'':>13}{'':>16}{wall:>9.2f}s{'':>15}")
             continue
         first = min(r["saves"][0] for r in runs)
-        later[config] = statistics.median(t for r in runs for t in r["saves"][1:])
+        times = [t for r in runs for t in r["saves"][1:]]
+        later[config] = statistics.median(times)
+        quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+        spread[config] = (quartiles[0], quartiles[2])
         names = ", ".join(runs[0]["written"])
-        print(f"{config:<18}{first:>11.3f}s{later[config]:>12.3f}s{wall:>9.2f}s{wall - base:>+14.2f}s  {names}")
+        print(f"{config:<18}{first:>11.3f}s{later[config]:>12.3f}s{quartiles[0]:>8.3f}-{quartiles[2]:.3f}s"
+              f"{wall:>9.2f}s{wall - base:>+14.2f}s  {names}")
     if "trainwell async" in later and "trainwell sync" in later:
         share = later["trainwell async"] / later["trainwell sync"]
         print(f"async blocking / sync save: {share:.1%} (goal <= 10%) -> {'met' if share <= 0.10 else 'MISSED'}")
     if "sync, no manifest" in later and "trainwell sync" in later:
         ratio = later["trainwell sync"] / later["sync, no manifest"]
-        print(f"sync save with the manifest / without it: {ratio:.3f}x (the checksums and checkpoint_manifest.json)")
+        low, high = spread["sync, no manifest"]
+        inside = low <= later["trainwell sync"] <= high
+        print(f"sync save with the manifest / without it: {ratio:.3f}x (the checksums and checkpoint_manifest.json); "
+              f"the median with it is {'inside' if inside else 'OUTSIDE'} the middle half of the saves without it")
     if "transformers" in later and "trainwell async" in later:
         print(f"async blocking / transformers' save: {later['trainwell async'] / later['transformers']:.1%}")
     print("first save: trainwell's async save allocates its host buffers there (later saves reuse them).\n"
