@@ -113,8 +113,7 @@ class Runtime:
         self.data_parallel_rank: int = self.process_index // self.model_parallel_size
         #: the first process of each data-parallel rank's group: whose outputs an evaluation keeps
         self.data_parallel_leaders: list[int] = list(range(0, self.num_processes, self.model_parallel_size))
-        strategy = getattr(self.args.train_sampling_strategy, "value", self.args.train_sampling_strategy)
-        if self.model_parallel_size > 1 and strategy == "batch_rebalance":
+        if self.model_parallel_size > 1 and self.args.train_sampling_strategy == "batch_rebalance":
             raise ValueError(
                 "train_sampling_strategy='batch_rebalance' with tensor parallelism (tp_size="
                 f"{self.tp_size}): its sampler deals micro-batches to every process, and the processes of a "

@@ -89,7 +89,7 @@ class RayTrainReportCallback(TrainerCallback):
                 "publishes it later, in the background: set save_async=False when training on Ray Train."
             )
         _require_worker(_ray_train("RayTrainReportCallback"), "RayTrainReportCallback")
-        if str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
+        if args.save_strategy == "no":  # a str enum once TrainingArguments normalized it
             logger.warning(
                 "RayTrainReportCallback reports checkpoints, and save_strategy='no' saves none: Ray Train gets "
                 "nothing to restart a failed worker from. Set save_strategy='steps' (with save_steps) or 'epoch'."
