@@ -163,6 +163,20 @@ def test_the_deepspeed_engines_step_over_a_cpu_accelerator(out_dir, bf16):
         DeepSpeed(_runtime_of(trainer, save_async=True))
 
 
+def test_save_model_before_train_under_deepspeed_writes_the_modules_weights(out_dir, tmp_path):
+    """Before train() the model is not DeepSpeed's engine yet: save_model writes the module's own weights (the
+    reference asks a missing engine for its state and raises)."""
+    trainer = _trainer(out_dir)
+    trainer.runtime.engine = engine = DeepSpeed(_runtime_of(trainer))
+    assert engine.full_state_dict(trainer.model) is None
+    assert not engine.checkpoint_keeps_model(trainer.model, save_only_model=False)
+    trainer.save_model(str(tmp_path / "saved"))
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "saved" / "model.safetensors")
+    assert {k: v.tolist() for k, v in saved.items()} == {k: v.tolist() for k, v in trainer.model.state_dict().items()}
+
+
 def test_a_checkpoint_that_only_one_engine_reads_is_refused_by_the_others(out_dir, tmp_path):
     trainer = _trainer(out_dir)
     plain, deepspeed = trainer.runtime.engine, DeepSpeed(_runtime_of(trainer))

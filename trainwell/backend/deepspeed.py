@@ -110,12 +110,14 @@ class DeepSpeed(Engine):
         return model  # the prepared model is DeepSpeed's engine
 
     # ------------------------------------------------------------------------------------------ checkpoints
-    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        if not _is_engine(model):
+            return None  # save_model() before train() prepared it: the module is whole on every process
         return full_state_dict(model)
 
     def checkpoint_keeps_model(self, model: torch.nn.Module, save_only_model: bool) -> bool:
         # A ZeRO-3 checkpoint's model is in DeepSpeed's checkpoint (partitioned), unless save_only_model skips that
-        return zero_stage(model) >= 3 and not save_only_model
+        return _is_engine(model) and zero_stage(model) >= 3 and not save_only_model
 
     def save_state(self, model: torch.nn.Module, optimizer: Any, directory: str) -> bool:
         save_checkpoint(model, directory)  # every process writes its partitions
@@ -286,6 +288,11 @@ def active_zero_stage() -> int | None:
         return None
     plugin = getattr(AcceleratorState(), "deepspeed_plugin", None)
     return None if plugin is None else int(plugin.zero_stage)
+
+
+def _is_engine(model: Any) -> bool:
+    """Whether ``model`` is DeepSpeed's engine (``train()`` prepared it), not yet the user's module."""
+    return hasattr(model, "zero_optimization_stage")
 
 
 def zero_stage(engine: Any) -> int:
