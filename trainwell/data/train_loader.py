@@ -35,7 +35,6 @@ class TrainFeed:
     sampler: Any = None  #: trainwell's sampler: ``set_epoch(e)``, ``skip(indices)``
     generator: torch.Generator | None = None  #: the loader's generator, set by :meth:`start_epoch`
     position: DataPosition | None = None  #: a stateful iterable dataset's position as of the last batch received
-    data_seed: int = 0
     indices_per_batch: int = 1  #: sampler indices behind one batch the loop receives (all processes)
     dataset: Any = field(init=False)  #: the dataset the loader reads (Accelerate's wrappers forward it too)
     #: the global CPU RNG state this epoch's loader seed was drawn from (saved with checkpoints)
@@ -143,9 +142,9 @@ def build_train_feed(
         dataset, batch_size=batch_size, collate_fn=collator, args=args, sampler=sampler, train=True,
         rank=runtime.process_index,
     )
-    seed = loaders.data_seed(args)
     generator = torch.Generator()
-    generator.manual_seed(seed)  # read outside train(); each epoch of train() sets it (TrainFeed.start_epoch)
+    # read outside train(); each epoch of train() sets it again (TrainFeed.start_epoch)
+    generator.manual_seed(loaders.data_seed(args))
     loader.generator = generator
     prepared = runtime.prepare_dataloader(loader)
     if position is not None and type(prepared).__name__ == "DataLoaderDispatcher":
@@ -153,7 +152,7 @@ def build_train_feed(
         position.reads_per_batch = 1 if prepared.split_batches else runtime.num_processes
     # skip() counts indices for an index sampler, this rank's micro-batches for a rank-batch sampler (rebalance)
     per_batch = 1 if rebalance.yields_rank_batches(sampler) else batch_size * runtime.data_parallel_size
-    feed = TrainFeed(prepared, sampler, generator, position, seed, per_batch,
+    feed = TrainFeed(prepared, sampler, generator, position, per_batch,
                      reads_ahead=prepared is loader and position is None)
     setattr(prepared, _ATTACHED, feed)
     return feed
