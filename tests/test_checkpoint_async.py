@@ -16,7 +16,7 @@ from tests.conftest import make_args
 from trainwell import Trainer, TrainerCallback
 from trainwell.checkpoint import contents
 from trainwell.checkpoint.io import safe_torch_load
-from trainwell.checkpoint.resume import get_last_checkpoint
+from trainwell.checkpoint.resume import get_last_checkpoint, incomplete_reason
 
 
 def _trainer(out_dir, **kwargs):
@@ -87,6 +87,28 @@ def test_a_failed_background_write_is_reported_and_publishes_nothing(tmp_path, m
         _trainer(str(tmp_path), save_async=True).train()
     assert get_last_checkpoint(str(tmp_path)) == os.path.join(str(tmp_path), "checkpoint-2")
     assert not os.path.exists(os.path.join(str(tmp_path), "checkpoint-4"))
+
+
+def test_a_save_after_train_is_synchronous(tmp_path, monkeypatch):
+    """Outside train() nobody waits for a background write: a save there is published (or fails) before it
+    returns, as the checkpointer's contract says, not left to a thread whose error no one would see."""
+    trainer = _trainer(str(tmp_path), save_async=True)
+    trainer.train()
+    original = contents.torch_save
+
+    def failing(obj, path):
+        if "checkpoint-5" in str(path) and str(path).endswith("optimizer.pt"):
+            raise OSError(28, "No space left on device")
+        original(obj, path)
+
+    monkeypatch.setattr(contents, "torch_save", failing)
+    trainer.state.global_step = 5
+    with pytest.raises(OSError, match="No space left"):
+        trainer._save_checkpoint(trainer.model, None)
+    assert not os.path.exists(os.path.join(str(tmp_path), "checkpoint-5"))
+    trainer.state.global_step = 3
+    trainer._save_checkpoint(trainer.model, None)
+    assert incomplete_reason(os.path.join(str(tmp_path), "checkpoint-3")) is None  # published on return
 
 
 def test_an_overridden_save_method_is_refused_not_skipped(tmp_path):

@@ -70,7 +70,8 @@ class Checkpointer:
     """The checkpoints of one ``train()`` call over the Trainer ``hooks``, resuming ``resume`` (None: a fresh run).
 
     ``background``: ``save_async`` saves may be written by a background thread (a ``train()`` call, which waits for
-    the last one before it returns); without it every save is synchronous (a save outside ``train()``).
+    the last one before it returns); without it, and for a save outside ``train()`` (also through the checkpointer
+    of a finished call), every save is synchronous.
     """
 
     def __init__(self, hooks: TrainerHooks, resume: Resume | None = None, background: bool = False) -> None:
@@ -125,7 +126,9 @@ class Checkpointer:
         """
         hooks = self.hooks
         args, runtime, state = hooks.args, hooks.runtime, hooks.state
-        background = self.writer if args.save_async else None
+        # Only inside train(), which waits for the last background save: after it returns this checkpointer is
+        # still the Trainer's, and a save then must be published (or fail) before it returns.
+        background = self.writer if args.save_async and hooks.is_in_train else None
         if background is not None:
             background.wait()  # the previous save is published before this one reuses the host buffers
         final = checkpoint_path(run_dir, state.global_step)
