@@ -41,7 +41,7 @@ def test_background_checkpoints_equal_synchronous_ones_and_resume_exactly(tmp_pa
     _trainer(sync_dir).train()
     background = _trainer(async_dir, save_async=True)
     background.train()
-    assert background.training_run.writer.busy is False  # train() returned after the last write
+    assert background.checkpointer.writer.busy is False  # train() returned after the last write
     for step in (2, 4, 6):
         name = f"checkpoint-{step}"
         h.assert_tensors_equal(_load(os.path.join(async_dir, name)), _load(os.path.join(sync_dir, name)), name)

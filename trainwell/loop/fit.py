@@ -87,7 +87,7 @@ class FitLoop:
         checkpointer.use_plan(RunPlan(plan.max_steps, plan.total_train_batch_size, plan.position_at))
         self._init_state(plan)
         model = self._prepare(plan, loader)
-        run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader), checkpointer.writer)
+        run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader))
         epochs = EpochIterator(hooks, run.feed, plan, checkpointer)
         self._register(run, epochs)
         self.step = OptimizerStep(hooks, model, run)

@@ -25,7 +25,6 @@ from trainwell.checkpoint.checkpointer import Provider
 from trainwell.utils.throughput import ThroughputWindow, non_embedding_parameters, peak_flops
 
 if TYPE_CHECKING:
-    from trainwell.checkpoint.background import BackgroundWriter
     from trainwell.data.train_loader import TrainFeed
     from trainwell.hooks import TrainerHooks
     from trainwell.loop.plan import StepPlan
@@ -155,17 +154,13 @@ class LossTracker:
 
 
 class TrainingRun:
-    """The ``train()`` call in progress: its plan, data feed, start and running counts.
+    """The ``train()`` call in progress: its plan, data feed, start and running counts (the background checkpoint
+    writer is the run's checkpointer's: ``trainer.checkpointer.writer``)."""
 
-    ``writer``: the run's background checkpoint writer (``save_async``), the checkpointer's, kept here too.
-    """
-
-    def __init__(self, hooks: TrainerHooks, plan: StepPlan, feed: TrainFeed,
-                 writer: BackgroundWriter | None = None) -> None:
+    def __init__(self, hooks: TrainerHooks, plan: StepPlan, feed: TrainFeed) -> None:
         state, args, runtime = hooks.state, hooks.args, hooks.runtime
         self.plan = plan
         self.feed = feed
-        self.writer = writer
         self.start_time = time.time()
         self.initial_global_step = state.global_step
         self.initial_tokens_seen = state.num_input_tokens_seen
