@@ -98,7 +98,6 @@ def test_node_local_disks_with_save_on_each_node_resume_exactly(tmp_path, full):
         assert _checkpoints(node) == {f"checkpoint-{s}": CHECKPOINT_FILES for s in (2, 4, 6)}
 
 
-@pytest.mark.slow
 def test_shared_disk_resumes_exactly_after_a_node_is_killed(tmp_path, full):
     folder = tmp_path / "disk"
     killed = launch_two_nodes((folder, folder), tmp_path / "killed", "--kill-rank", "1", "--kill-step", "5")
@@ -134,7 +133,6 @@ def test_node_local_disks_with_one_writer(tmp_path, full):
     assert all(r["params"] == full.reports[0]["params"] for r in run.reports.values())
 
 
-@pytest.mark.slow
 def test_node_local_disks_with_one_writer_resume_once_the_checkpoint_is_copied(tmp_path, full):
     """The restart says which node lacks the checkpoint and how to fix it, on every process; once world process
     zero's checkpoint folder is copied to the other disk, the run resumes exactly."""
@@ -158,7 +156,6 @@ def test_node_local_disks_with_one_writer_resume_once_the_checkpoint_is_copied(t
     _no_file_written_twice(killed, resumed)
 
 
-@pytest.mark.slow
 def test_save_on_each_node_on_a_shared_disk_is_refused(tmp_path):
     folder = tmp_path / "disk"
     run = launch_two_nodes((folder, folder), tmp_path / "report", "--each")
@@ -170,7 +167,6 @@ def test_save_on_each_node_on_a_shared_disk_is_refused(tmp_path):
     assert _checkpoints(folder) == {}
 
 
-@pytest.mark.slow
 def test_two_nodes_of_two_processes_on_local_disks(tmp_path):
     """2 nodes x 2 processes, separate disks, save_on_each_node=True: local process zero of each node writes, the
     others write nothing; process 3 (node 1's second) is killed, and the restart ends equal to the uninterrupted
