@@ -24,10 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainwell.backend.runtime import gather_loss_sum
-from trainwell.checkpoint import disks
 from trainwell.checkpoint.contents import Phase
-from trainwell.checkpoint.layout import clean_temporary, keep_only_best
-from trainwell.checkpoint.resume import RunPlan
 from trainwell.data.train_loader import TrainFeed
 from trainwell.loop.epochs import EpochIterator
 from trainwell.loop.plan import StepPlan
@@ -75,16 +72,10 @@ class FitLoop:
     def run(self) -> TrainOutput:
         hooks, args, resume, checkpointer = self.hooks, self.args, self.resume, self.checkpointer
         checkpointer.restore(Phase.WEIGHTS)  # before the model is prepared
-        runtime = hooks.runtime
-        if runtime.distributed:  # shared or node-local output_dir: refuse what cannot work before any step
-            placement = disks.probe(args.output_dir, args.should_save, runtime.all_gather_object)
-            disks.check(placement, args, runtime.engine.every_process_writes, runtime.is_main_process,
-                        one_folder=runtime.engine.one_folder)
-        if args.should_save:
-            clean_temporary(args.output_dir)  # folders of a save that was interrupted
+        checkpointer.begin_run()  # output_dir's placement checked, an interrupted save's folders removed
         loader = hooks.get_train_dataloader()
         plan = StepPlan.of(hooks.set_initial_training_values(args, loader), args.gradient_accumulation_steps)
-        checkpointer.use_plan(RunPlan(plan.max_steps, plan.total_train_batch_size, plan.position_at))
+        checkpointer.use_plan(plan.max_steps, plan.total_train_batch_size, plan.position_at)
         self._init_state(plan)
         model = self._prepare(plan, loader)
         run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader))
@@ -226,8 +217,7 @@ class FitLoop:
         if self.add_memory is not None:
             self.add_memory(metrics)  # train_mem_* (and init_mem_*) are logged with the train metrics
         hooks.log(metrics)  # adds epoch and the token count: TrainOutput.metrics carries them, as the reference's
-        if self.args.should_save and self.args.save_total_limit == 1 and state.best_model_checkpoint is not None:
-            keep_only_best(hooks._get_output_dir(self.trial), state.best_model_checkpoint)
+        self.checkpointer.end_run(hooks._get_output_dir(self.trial))  # save_total_limit=1: only the best is kept
         self._fire("on_train_end")
         hooks._finish_current_push()  # the last checkpoint's Hub upload lands before train() returns
         return TrainOutput(state.global_step, train_loss, metrics)
