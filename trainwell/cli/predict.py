@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="causal LM: 0 (default) takes the most probable token; above 0 samples")
     parser.add_argument("--top-k", type=int, default=40, help="causal LM: sample among the k most probable tokens")
     parser.add_argument("--seed", type=int, default=0, help="causal LM: the seed of sampling")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="let transformers run the code the run folder's config names (a custom model or "
+                             "tokenizer class, its auto_map); off by default: no code from the folder runs")
     parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda", "mps"),
                         help="where the model runs (default cpu; auto: a GPU when present)")
 
@@ -55,7 +58,7 @@ def run(ns: argparse.Namespace) -> int:
     folder = run_folder(ns.run)
     task, _ = read_task(folder)
     texts = read_texts(ns.texts, ns.data, ns.text_column or task.text_column, sys.stdin)
-    trained = load_trained(folder, device=ns.device)
+    trained = load_trained(folder, device=ns.device, trust_remote_code=ns.trust_remote_code)
     rows = trained.predict(texts, batch_size=ns.batch_size, max_new_tokens=ns.max_new_tokens,
                            temperature=ns.temperature, top_k=ns.top_k, seed=ns.seed)
     if ns.output is None:

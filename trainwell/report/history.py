@@ -32,6 +32,8 @@ from trainwell.report.sessions import (
     weighted_mean_loss,
 )
 from trainwell.report.tables import one_line, session_rows, text_table
+from trainwell.state import STATE_LIMIT
+from trainwell.utils.safe_files import UnsafeFileError, read_bytes
 
 STATE_FILE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -98,7 +100,7 @@ def find_state_file(path: str | os.PathLike[str]) -> Path:
 
 def _global_step(state_file: Path) -> int:
     try:
-        return int(json.loads(state_file.read_text(encoding="utf-8")).get("global_step") or 0)
+        return int(json.loads(read_bytes(state_file, STATE_LIMIT).decode("utf-8")).get("global_step") or 0)
     except (OSError, ValueError, TypeError, AttributeError, RecursionError):
         return -1  # unreadable: any readable state wins
 
@@ -183,7 +185,9 @@ def load_run(path: str | os.PathLike[str], name: str | None = None) -> RunHistor
 def _load_run(path: str | os.PathLike[str], name: str | None) -> RunHistory:
     state_path = find_state_file(path)
     try:
-        state = json.loads(state_path.read_text(encoding="utf-8"))
+        state = json.loads(read_bytes(state_path, STATE_LIMIT).decode("utf-8"))  # a regular file, bounded
+    except UnsafeFileError:
+        raise
     except json.JSONDecodeError as err:
         raise ValueError(f"{state_path} is not valid JSON ({err.msg}); is the run still writing it?") from None
     except UnicodeDecodeError as err:
