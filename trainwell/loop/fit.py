@@ -30,6 +30,7 @@ from trainwell.checkpoint.layout import clean_temporary, keep_only_best
 from trainwell.checkpoint.resume import RunPlan
 from trainwell.data.train_loader import TrainFeed
 from trainwell.loop.epochs import EpochIterator
+from trainwell.loop.live_log import LiveLog
 from trainwell.loop.plan import StepPlan
 from trainwell.loop.progress import TrainingRun
 from trainwell.loop.step import OptimizerStep
@@ -88,6 +89,11 @@ class FitLoop:
         self._init_state(plan)
         model = self._prepare(plan, loader)
         run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader))
+        if args.should_save:  # each log in the run folder as it happens, for `trainwell report --watch`
+            state = hooks.state
+            run.live_log = LiveLog.begin(hooks._get_output_dir(self.trial), state.global_step,
+                                         resume.path if resume is not None else None, plan.max_steps,
+                                         state.num_input_tokens_seen)
         epochs = EpochIterator(hooks, run.feed, plan, checkpointer)
         self._register(run, epochs)
         self.step = OptimizerStep(hooks, model, run)
