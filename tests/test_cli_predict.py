@@ -132,8 +132,11 @@ def test_folders_that_are_not_runs_are_named_with_what_to_pass(runs, capsys, tmp
     unfinished = tmp_path / "unfinished"
     shutil.copytree(classifier / "checkpoint-12", unfinished / "checkpoint-12")
     (unfinished / "trainer_state.json").write_text("{}")
-    line = _error(capsys, unfinished, "x")
-    assert "has no task.json yet" in line and f"pass {unfinished / 'checkpoint-12'}" in line
+    # a run without its final model (interrupted, still training) predicts with its newest checkpoint, saying so
+    code, out, err = run_cli(capsys, "predict", unfinished, "x")
+    assert code == 0 and out.split("\t")[0] in ("pos", "neg")
+    assert f"{unfinished} has no final model yet (interrupted, or still training): using its newest checkpoint, " \
+           f"{unfinished / 'checkpoint-12'}" in err
     assert "without a task: section, not the config" in _error(capsys, folder / "tokenizer.json", "x")
     broken = tmp_path / "broken"
     broken.mkdir()

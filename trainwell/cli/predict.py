@@ -52,7 +52,10 @@ def run(ns: argparse.Namespace) -> int:
 
     # The run, the output and the input are checked before the model is loaded.
     fmt = _output_format(ns.output, ns.format)
-    folder = run_folder(ns.run)
+    folder = run_folder(ns.run, newest_checkpoint=True)
+    if os.path.normpath(folder) != os.path.normpath(ns.run) and not os.path.isfile(ns.run):
+        print(f"{ns.run} has no final model yet (interrupted, or still training): using its newest checkpoint, "
+              f"{folder}", file=sys.stderr)
     task, _ = read_task(folder)
     texts = read_texts(ns.texts, ns.data, ns.text_column or task.text_column, sys.stdin)
     trained = load_trained(folder, device=ns.device)
