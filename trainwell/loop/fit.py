@@ -90,10 +90,7 @@ class FitLoop:
         model = self._prepare(plan, loader)
         run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader))
         if args.should_save:  # each log in the run folder as it happens, for `trainwell report --watch`
-            state = hooks.state
-            run.live_log = LiveLog.begin(hooks._get_output_dir(self.trial), state.global_step,
-                                         resume.path if resume is not None else None, plan.max_steps,
-                                         state.num_input_tokens_seen)
+            run.live_log = self._live_log(plan)
         epochs = EpochIterator(hooks, run.feed, plan, checkpointer)
         self._register(run, epochs)
         self.step = OptimizerStep(hooks, model, run)
@@ -166,6 +163,12 @@ class FitLoop:
         handler.model, handler.optimizer, handler.lr_scheduler = hooks.model, hooks.optimizer, hooks.lr_scheduler
         handler.train_dataloader = loader
         return model
+
+    def _live_log(self, plan: StepPlan) -> LiveLog:
+        """The run folder's live log, its session line written (``trainwell.loop.live_log``)."""
+        state, resume = self.hooks.state, self.resume
+        return LiveLog.begin(self.hooks._get_output_dir(self.trial), state.global_step,
+                             resume.path if resume is not None else None, plan.max_steps, state.num_input_tokens_seen)
 
     def _register(self, run: TrainingRun, epochs: EpochIterator) -> None:
         """Hand the checkpointer the loop's parts that a checkpoint keeps: the ``CONTENTS`` rows that no Trainer
