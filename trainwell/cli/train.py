@@ -130,6 +130,8 @@ def _train(sections: dict[str, Any], args: Any) -> int:
     trainer = Trainer(args=args, **parts)
     compact_console(trainer)
     resume = _resume_target(sections.get("resume_from_checkpoint"), args.output_dir)
+    if args.should_save:
+        print(f"watch it live in a browser: trainwell report --watch {args.output_dir}  (in another terminal)")
     try:
         result = trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:
