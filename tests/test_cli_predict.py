@@ -191,3 +191,11 @@ def test_transformers_models_from_a_config_predict_too(tmp_path, capsys):
     # a prompt longer than the 16 positions: the model sees its last 16 tokens
     code, out, err = run_cli(capsys, "predict", lm, " ".join(POSITIVE), "--max-new-tokens", 3, "--format", "jsonl")
     assert code == 0 and json.loads(out)["text"] == " ".join(POSITIVE), err
+
+
+def test_sampling_suggested_by_task_json_applies_unless_given():
+    from trainwell.cli.predict import _generation_defaults
+
+    assert _generation_defaults({"generation": {"temperature": 0.8, "top_k": 40}}) == {"temperature": 0.8, "top_k": 40}
+    assert _generation_defaults({"generation": {"temperature": "hot", "top_k": -1}}) == {}  # not numbers in range
+    assert _generation_defaults({"generation": [1]}) == {} and _generation_defaults({}) == {}

@@ -205,7 +205,8 @@ def test_a_demo_prints_one_short_line_per_log_and_a_finished_run_says_how_to_go_
     assert "to train further: the same command with --steps 12" in text
     # the demo's model is used with one command (issue 34): predict rebuilds it from task.json, bytes in and out
     assert f"use the model    trainwell predict {out} 'def '" in text
-    assert json.loads((out / "task.json").read_text())["tokenizer"] == "bytes"
+    task = json.loads((out / "task.json").read_text())
+    assert task["tokenizer"] == "bytes" and task["generation"] == {"temperature": 0.8, "top_k": 40}
     assert (out / "checkpoint-6" / "task.json").exists()  # in every checkpoint too
     code, predicted, err = run_cli(capsys, "predict", out, "def ", "class A", "--max-new-tokens", "8")
     lines = predicted.splitlines()

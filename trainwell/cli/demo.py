@@ -166,7 +166,9 @@ def demo_tokenizer(size: str, block_size: int) -> Any:
 
     task = {"task": "causal-lm", "text_column": "text", "block_size": block_size,
             "model": {"builtin": "transformer", "kwargs": {"vocab_size": 256, "block_size": block_size, "size": size}},
-            "tokenizer": ByteTokenizer.NAME, "pad_token_id": None, "eos_token_id": None}
+            "tokenizer": ByteTokenizer.NAME, "pad_token_id": None, "eos_token_id": None,
+            # the sample's sampling: a byte model's single most probable next byte is mostly a space
+            "generation": {"temperature": 0.8, "top_k": 40}}
     return ByteTokenizer({TASK_FILE: task})
 
 
