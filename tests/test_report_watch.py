@@ -39,6 +39,9 @@ PROBE = '''JSON.stringify({version: document.body.getAttribute('data-version'),
   figures: Array.prototype.map.call(document.querySelectorAll('figure'), function (f) {
     return [f.getAttribute('data-key'), Number(f.querySelector('svg').getAttribute('data-points')),
             f.querySelector('figcaption').textContent]; }),
+  curves: Array.prototype.map.call(document.querySelectorAll('figure[data-key=loss] g'), function (g) {
+    return [Number(g.getAttribute('data-run')), g.getAttribute('data-series'), Number(g.getAttribute('data-points'))];
+  }),
   rows: document.querySelectorAll('#runs tr').length - 1, text: document.getElementById('runs').textContent,
   status: document.getElementById('status').textContent, width: document.documentElement.scrollWidth,
   viewport: document.documentElement.clientWidth,
@@ -80,6 +83,10 @@ class PageWatcher:
     def points(self, key: str) -> int:
         return {k: n for k, n, _ in self.latest.get("figures") or []}.get(key, 0)
 
+    def train_loss_points(self, run: int) -> int:
+        """Points of run ``run``'s train loss curve on the loss chart."""
+        return next((n for r, label, n in self.latest.get("curves") or [] if r == run and label == "train loss"), 0)
+
     def wait_for(self, condition, timeout: float) -> float:
         """Seconds until ``condition(latest)`` held; fails after ``timeout``."""
         start = time.monotonic()
@@ -104,13 +111,14 @@ class WaitForThePage(TrainerCallback):
     once the browser has seen its last log, so every log is checked while the run is still training."""
 
     def __init__(self, page: PageWatcher) -> None:
-        self.page, self.delays, self.checkpoints = page, [], []
+        self.page, self.delays, self.checkpoints, self.states = page, [], [], []
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if "loss" in (logs or {}):
             self.checkpoints.append(sorted(n for n in os.listdir(args.output_dir) if n.startswith("checkpoint-")))
             expected = sum(1 for e in state.log_history if "loss" in e)
-            self.delays.append(self.page.wait_for(lambda _: self.page.points("loss") >= expected, timeout=20))
+            self.delays.append(self.page.wait_for(lambda _: self.page.train_loss_points(0) >= expected, timeout=20))
+            self.states.append(self.page.latest["text"])
 
 
 def test_a_run_is_followed_live_in_a_browser(tmp_path):
@@ -127,7 +135,8 @@ def test_a_run_is_followed_live_in_a_browser(tmp_path):
     page = PageWatcher(server.url, str(tmp_path / "stop"))
     try:
         page.wait_for(lambda s: s.get("version") and s["rows"] == 2, timeout=90)  # the browser starts, the page draws
-        assert "nothing to show yet" in page.latest["text"] and page.points("loss") == 4  # the other run's
+        assert "nothing to show yet" in page.latest["text"] and page.train_loss_points(1) == 4  # the other run's
+        assert page.train_loss_points(0) == 0
         waiting = WaitForThePage(page)
         args = TrainingArguments(output_dir=str(out), max_steps=12, logging_steps=3, save_steps=100,
                                  report_to="none", disable_tqdm=True, use_cpu=True)
@@ -135,6 +144,8 @@ def test_a_run_is_followed_live_in_a_browser(tmp_path):
                           callbacks=[waiting])
         trainer.train()
         assert len(waiting.delays) == 4 and max(waiting.delays) < 20, waiting.delays
+        # while it trained, the table showed the run as training (not the waiting note it had before its first log)
+        assert all(s.count("training, or stopped before its end") == 2 for s in waiting.states), waiting.states
         assert waiting.checkpoints == [[]] * 4  # no checkpoint yet at any log: the page read the live log
         page.wait_for(lambda s: "finished" in s["text"], timeout=20)  # the summary entry: train() returned
         state = page.latest
@@ -198,14 +209,15 @@ def test_the_server_answers_get_from_loopback_only_and_writes_nothing(served):
     assert sorted(os.listdir(run)) == before
 
 
-def _wait_version(server, after: int) -> dict:
-    deadline = time.monotonic() + 10
+def _wait_for(server, condition) -> dict:
+    """The data once ``condition(data)`` holds (the watcher looks every 0.1 s; a file may be seen half written)."""
+    deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         data = json.loads(_get(server, "/data")[2])
-        if data["version"] > after:
+        if condition(data):
             return data
         time.sleep(0.05)
-    pytest.fail("the watcher saw no change")
+    pytest.fail(f"the page never showed it; it shows {data['runs']}")
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs and links")
@@ -227,12 +239,27 @@ def test_hostile_files_are_reported_not_followed_and_never_block(served, tmp_pat
              json.dumps({"log": "not an entry"}), "x" * (2 << 20), json.dumps({"log": {"loss": 1.25, "step": 3}}),
              '{"log": {"loss": 1.0, "step": 4']  # the last line is unfinished: not read yet
     (run / LIVE_LOG_NAME).write_text("\n".join(lines))
-    data = _wait_version(server, version)
-    assert data["runs"][0]["step"] == 3 and data["runs"][0]["loss"] == 1.25
+    data = _wait_for(server, lambda d: d["runs"][0]["step"] == 3)
+    assert data["runs"][0]["loss"] == 1.25 and data["version"] > version
     with open(run / LIVE_LOG_NAME, "a") as f:
         f.write("}}\n")  # the line completed
-    data = _wait_version(server, data["version"])
-    assert data["runs"][0]["step"] == 4
+    _wait_for(server, lambda d: d["runs"][0]["step"] == 4)
     (run / "trainer_state.json").write_text("{not json")
-    data = _wait_version(server, data["version"])
-    assert "trainer_state.json is not valid JSON" in data["runs"][0]["error"] and data["runs"][0]["step"] == 4
+    data = _wait_for(server, lambda d: "trainer_state.json is not valid JSON" in (d["runs"][0]["error"] or ""))
+    assert data["runs"][0]["step"] == 4  # the last good curves stay
+
+
+def test_a_failure_reading_a_run_is_shown_and_the_watcher_goes_on(tmp_path, monkeypatch):
+    from trainwell.report import watch
+
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 1, "max_steps": 2,
+                                                             "log_history": [{"loss": 1.0, "step": 1}]}))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("something no one foresaw")
+
+    monkeypatch.setattr(watch, "run_from_state", broken)
+    watcher = watch.Watcher([watch.WatchedRun(tmp_path, "run")])
+    watcher.refresh()
+    run = json.loads(watcher.payload(None))["runs"][0]
+    assert run["error"] == f"cannot read {tmp_path}: RuntimeError: something no one foresaw"

@@ -78,7 +78,8 @@ class WatchedRun:
         folder = self.path.is_dir() and not _CHECKPOINT.match(self.path.name)
         self.reader = LiveLogReader(self.path) if folder else None
         self.run: RunHistory | None = None
-        self.error: str | None = None
+        self.error: str | None = None  #: why a file could not be read (the last good curves are kept)
+        self.waiting: str | None = None  #: why there is nothing to show yet
         self._state_key: tuple[Any, ...] | None = None
         self._state: tuple[Path, dict[str, Any]] | None = None
         self._pending = False
@@ -135,11 +136,11 @@ class WatchedRun:
         path, state = self._state if self._state is not None else (None, None)
         merged = merge_state(state, live) or state
         if merged is None:
-            self.error = self.error or (f"nothing to show yet: no {STATE_FILE} and no live log in {self.path} "
-                                        "(waiting for the run to log)")
-            return self.error != before
+            waiting = f"nothing to show yet: no {STATE_FILE} and no live log in {self.path} (waiting for the run)"
+            changed, self.waiting = waiting != self.waiting, waiting
+            return changed or self.error != before
         source = path if path is not None else self.path / LIVE_LOG_NAME
-        self.run = run_from_state(source, merged, live, self.name)
+        self.run, self.waiting = run_from_state(source, merged, live, self.name), None
         self._cost = time.monotonic() - now
         return True
 
@@ -159,7 +160,8 @@ def _points(points: list[tuple[float, float]]) -> list[list[float | None]]:
 
 def _status(watched: WatchedRun) -> dict[str, Any]:
     run = watched.run
-    out: dict[str, Any] = {"name": watched.name, "folder": str(watched.path), "error": watched.error}
+    out: dict[str, Any] = {"name": watched.name, "folder": str(watched.path),
+                           "error": watched.error or (watched.waiting if watched.run is None else None)}
     if run is None:
         return out
     state, session = run.state, run.sessions[-1] if run.sessions else None
@@ -211,6 +213,15 @@ def figures(runs: list[WatchedRun], smoothing: float | None = None) -> list[dict
     return out
 
 
+def _guarded_refresh(run: WatchedRun) -> bool:
+    """``run.refresh()``; a failure is shown as the run's error (the watcher thread must outlive any file)."""
+    try:
+        return run.refresh()
+    except Exception as err:  # noqa: BLE001 - whatever a hostile file provokes, the page says so and goes on
+        run.error = f"cannot read {run.path}: {type(err).__name__}: {err}"
+        return True
+
+
 class Watcher:
     """The runs being watched, refreshed by a background thread; ``payload(since)`` is what ``/data`` answers."""
 
@@ -225,7 +236,7 @@ class Watcher:
         self._thread = threading.Thread(target=self._loop, name="trainwell-watch", daemon=True)
 
     def refresh(self) -> None:
-        changed = [run.refresh() for run in self.runs]
+        changed = [_guarded_refresh(run) for run in self.runs]
         if any(changed) or not self._payload:  # the page learns of a change by the version
             body = {"version": self.version + 1, "runs": [_status(r) for r in self.runs],
                     "figures": figures(self.runs, self.smoothing)}

@@ -8,7 +8,8 @@ smoothed over its faint raw curve, a dashed line at each resume point, a log-sca
 Nothing is fetched from elsewhere (the server's Content-Security-Policy allows this script, by its nonce, and
 requests to itself only). Every name from a run folder is set as text (``textContent``), never parsed as markup.
 After each redraw ``document.body`` carries ``data-version``, every chart its figure's ``data-key`` and ``data-points``
-(its number of points): the browser test reads them.
+(its number of points), and every curve a ``g`` with ``data-run``, ``data-series`` and ``data-points``: the browser
+test reads them.
 """
 
 from __future__ import annotations
@@ -118,16 +119,18 @@ _SCRIPT = r"""
         else { parts.push(X(p[0]).toFixed(1) + ',' + Y(p[1]).toFixed(1)); }
       });
       if (parts.length) { lines.push(parts); }
+      var group = node('g', {'data-run': s.run, 'data-series': s.label, 'data-points': s.points.length}, null, true);
       lines.forEach(function (pts) {
         var attrs = {points: pts.join(' '), fill: 'none', stroke: color, 'stroke-width': s.faint ? 1 : 1.6,
                      'stroke-opacity': s.faint ? 0.3 : 1};
         if (s.key.indexOf('eval_') === 0 && runs > 1) { attrs['stroke-dasharray'] = '6 3'; }
-        svg.appendChild(node('polyline', attrs, null, true));
+        group.appendChild(node('polyline', attrs, null, true));
         if (pts.length === 1) {
           var xy = pts[0].split(',');
-          svg.appendChild(node('circle', {cx: xy[0], cy: xy[1], r: 2.5, fill: color}, null, true));
+          group.appendChild(node('circle', {cx: xy[0], cy: xy[1], r: 2.5, fill: color}, null, true));
         }
       });
+      svg.appendChild(group);
       if (!s.faint) {
         var item = node('span');
         item.appendChild(node('span', {'class': 'swatch', style: 'background:' + color}));
