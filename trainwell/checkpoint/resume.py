@@ -227,19 +227,39 @@ def _by_rank(everyone: list[tuple[bool, str | None, str | None]], missing: bool 
 
 
 def warn_changed_arguments(path: str, saved: TrainerState, args: Any, max_steps: int) -> None:
-    """Warn, naming each one, about the step intervals and batch size that differ from the checkpoint's run.
+    """Warn once, naming each one, about the step intervals, batch size and learning-rate schedule values that
+    differ from the checkpoint's run (``trainwell.optim.schedule_change``: warmup, total steps, the learning rate
+    from the next step on), before and after.
 
     This run's values apply (as in the reference, whose warning says the opposite but whose loop does this).
     """
+    from trainwell.optim.schedule_change import schedule_changes, schedule_of
+
     current = TrainerState()
     current.compute_steps(args, max_steps)
     pairs = {f"{kind}_steps": (getattr(saved, f"{kind}_steps"), getattr(current, f"{kind}_steps"))
              for kind in ("logging", "eval", "save")}
     pairs["per_device_train_batch_size"] = (saved.train_batch_size, args.per_device_train_batch_size)
     changed = [f"{name}: {old} -> {new}" for name, (old, new) in pairs.items() if old is not None and old != new]
+    saved_args = _saved_arguments(path)
+    schedule = schedule_changes(schedule_of(saved_args, saved.max_steps) if saved_args else None,
+                                schedule_of(args, max_steps), saved.global_step)
+    if schedule:
+        changed.append(f"the learning-rate schedule (max_steps {saved.max_steps} -> {max_steps}): "
+                       + "; ".join(schedule) + f". To keep the checkpoint's schedule, resume with max_steps="
+                       f"{saved.max_steps} and its warmup_steps, lr_scheduler_type and lr_scheduler_kwargs")
     if changed:
         logger.warning("Resuming from %s with arguments that differ from its run (this run's apply): %s.",
                        path, "; ".join(changed))
+
+
+def _saved_arguments(path: str) -> dict[str, Any]:
+    """The checkpoint's ``training_args.json`` ({} when it cannot be read)."""
+    try:
+        saved = json.loads((Path(path) / TRAINING_ARGS_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 def checkpoint_global_batch(path: str, state: TrainerState) -> int | None:

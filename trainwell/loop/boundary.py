@@ -45,6 +45,8 @@ def log(hooks: TrainerHooks, logs: dict[str, float], start_time: float | None = 
             seen = state.num_input_tokens_seen - run.initial_tokens_seen
             logs.update(speed_metrics("train", start_time, num_tokens=seen))
     state.log_history.append({**logs, "step": state.global_step})
+    if run is not None and run.live_log is not None:  # at log time only: one line appended to the run folder
+        run.live_log.append(state.log_history[-1])
     hooks.control = hooks.callback_handler.on_log(hooks.args, state, hooks.control, logs)
 
 

@@ -30,6 +30,7 @@ from trainwell.checkpoint.layout import clean_temporary, keep_only_best
 from trainwell.checkpoint.resume import RunPlan
 from trainwell.data.train_loader import TrainFeed
 from trainwell.loop.epochs import EpochIterator
+from trainwell.loop.live_log import LiveLog
 from trainwell.loop.plan import StepPlan
 from trainwell.loop.progress import TrainingRun
 from trainwell.loop.step import OptimizerStep
@@ -88,6 +89,8 @@ class FitLoop:
         self._init_state(plan)
         model = self._prepare(plan, loader)
         run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader))
+        if args.should_save:  # each log in the run folder as it happens, for `trainwell report --watch`
+            run.live_log = self._live_log(plan)
         epochs = EpochIterator(hooks, run.feed, plan, checkpointer)
         self._register(run, epochs)
         self.step = OptimizerStep(hooks, model, run)
@@ -160,6 +163,12 @@ class FitLoop:
         handler.model, handler.optimizer, handler.lr_scheduler = hooks.model, hooks.optimizer, hooks.lr_scheduler
         handler.train_dataloader = loader
         return model
+
+    def _live_log(self, plan: StepPlan) -> LiveLog:
+        """The run folder's live log, its session line written (``trainwell.loop.live_log``)."""
+        state, resume = self.hooks.state, self.resume
+        return LiveLog.begin(self.hooks._get_output_dir(self.trial), state.global_step,
+                             resume.path if resume is not None else None, plan.max_steps, state.num_input_tokens_seen)
 
     def _register(self, run: TrainingRun, epochs: EpochIterator) -> None:
         """Hand the checkpointer the loop's parts that a checkpoint keeps: the ``CONTENTS`` rows that no Trainer

@@ -27,6 +27,7 @@ from trainwell.utils.throughput import ThroughputWindow, non_embedding_parameter
 if TYPE_CHECKING:
     from trainwell.data.train_loader import TrainFeed
     from trainwell.hooks import TrainerHooks
+    from trainwell.loop.live_log import LiveLog
     from trainwell.loop.plan import StepPlan
 
 
@@ -178,6 +179,8 @@ class TrainingRun:
         optimizer = getattr(hooks.optimizer, "optimizer", hooks.optimizer)
         #: schedule-free optimizers keep separate train/eval weights: ``train()``/``eval()`` switch them
         self.optimizer_has_modes = has_train_eval_modes(optimizer)
+        #: the run folder's live log (``trainwell.loop.live_log``), on the process that saves; set by the fit loop
+        self.live_log: LiveLog | None = None
 
     def _continue_window(self, saved: Any) -> None:
         if isinstance(saved, dict):  # anything else is not a log window trainwell wrote: the window starts afresh

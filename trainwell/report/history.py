@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainwell.loop.live_log import LIVE_LOG_NAME, LiveHistory
 from trainwell.report.curves import INDEX_KEYS
+from trainwell.report.live import merge_state, read_live_log, resume_points
 from trainwell.report.run_info import run_info
 from trainwell.report.sessions import (
     Session,
@@ -181,9 +183,24 @@ def load_run(path: str | os.PathLike[str], name: str | None = None) -> RunHistor
 
 
 def _load_run(path: str | os.PathLike[str], name: str | None) -> RunHistory:
-    state_path = find_state_file(path)
+    # A run folder's live log (not a checkpoint's, nor a state file named by the user): the logs since its state.
+    folder = Path(path)
+    live = read_live_log(folder) if folder.is_dir() and not _CHECKPOINT.match(folder.name) else None
     try:
-        state = json.loads(state_path.read_text(encoding="utf-8"))
+        state_path = find_state_file(path)
+    except FileNotFoundError:
+        state = merge_state(None, live)
+        if state is None:
+            raise
+        return _run_of(folder / LIVE_LOG_NAME, state, live, name, path)
+    state = parse_state(state_path.read_bytes(), state_path)
+    return run_from_state(state_path, merge_state(state, live) or state, live, name, path)
+
+
+def parse_state(data: bytes, state_path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The state a ``trainer_state.json``'s bytes hold; ``ValueError`` naming the file when they are not one."""
+    try:
+        state = json.loads(data.decode("utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{state_path} is not valid JSON ({err.msg}); is the run still writing it?") from None
     except UnicodeDecodeError as err:
@@ -193,8 +210,21 @@ def _load_run(path: str | os.PathLike[str], name: str | None) -> RunHistory:
         raise ValueError(f"{state_path} is nested too deeply to read: it is not a trainer_state.json.") from None
     if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
         raise ValueError(f"{state_path} has no log_history list: it is not a trainer_state.json.")
+    return state
+
+
+def run_from_state(state_path: str | os.PathLike[str], state: dict[str, Any], live: LiveHistory | None = None,
+                   name: str | None = None, path: str | os.PathLike[str] | None = None) -> RunHistory:
+    """The run a parsed state describes (``state_path``: where it came from; ``live``: the run's live log, for
+    its resume points); ``name`` defaults to the run folder's."""
+    with _without_gc():
+        return _run_of(Path(state_path), state, live, name, path if path is not None else state_path)
+
+
+def _run_of(state_path: Path, state: dict[str, Any], live: LiveHistory | None, name: str | None,
+            path: str | os.PathLike[str]) -> RunHistory:
     log, skipped = usable_entries(state["log_history"])
-    sessions = split_sessions(log)
+    sessions = split_sessions(log, resume_points(live))
     entries = merged_entries(sessions)
     run = RunHistory(name or "", str(state_path), state, _step_series(entries), _final(sessions), sessions, entries,
                      log=log, skipped=skipped)
