@@ -55,14 +55,19 @@ def maybe_log_save_evaluate(
     """Log the loss since the last log, evaluate, then save, each when its control flag is set."""
     control, state = hooks.control, hooks.state
     throughput = getattr(hooks.training_run, "throughput", None)  # log_throughput's window in progress
+    guard = getattr(hooks.training_run, "guard", None)  # skip_nonfinite_steps: its count joins the log's one read
     if control.should_log and state.global_step > tr_loss.last_logged_step:
-        loss_sum, grad_norm = tr_loss.read_window(lambda total: mean_loss_sum(hooks.runtime, total), grad_norm)
+        extras = (grad_norm,) if guard is None else (grad_norm, guard.unread())
+        loss_sum, grad_norm, *skips = tr_loss.read_window(lambda total: mean_loss_sum(hooks.runtime, total), *extras)
         tr_loss.logged_total += loss_sum
         logs: dict[str, float] = {"loss": loss_sum / (state.global_step - tr_loss.last_logged_step)}
         if grad_norm is not None:
             logs["grad_norm"] = grad_norm
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
+        skipped = guard.settle(skips[0], for_log=True) if guard is not None else 0
+        if skipped:
+            logs["skipped_nonfinite_steps"] = skipped
         if throughput is not None:
             logs.update(throughput.take())
         tr_loss.last_logged_step = state.global_step
@@ -78,6 +83,8 @@ def maybe_log_save_evaluate(
             if hooks.args.save_strategy == "best":
                 hooks.control.should_save = is_new_best
         if hooks.control.should_save:
+            if guard is not None:
+                guard.settle_now()  # the checkpoint's schedule is the one the uninterrupted run has after its log
             hooks._save_checkpoint(model, trial)
             hooks.control = hooks.callback_handler.on_save(hooks.args, hooks.state, hooks.control)
 

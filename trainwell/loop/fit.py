@@ -123,6 +123,8 @@ class FitLoop:
             checkpointer.wait()  # save_async: the last checkpoint is published before the best one is reloaded
         finally:
             checkpointer.finish_quietly()  # training failed: still let a checkpoint in flight reach the disk
+            if self.step.guard is not None:
+                self.step.guard.close()
         return self._finish()
 
     def _fire(self, event: str) -> None:
@@ -221,6 +223,9 @@ class FitLoop:
         hooks.store_flos()
         metrics["total_flos"] = state.total_flos
         metrics["train_loss"] = train_loss
+        skipped = self.step.guard.finish() if self.step.guard is not None else 0
+        if skipped:  # skip_nonfinite_steps: every step this call did not apply
+            metrics["skipped_nonfinite_steps"] = skipped
         if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
             hooks._load_best_model()
         if self.add_memory is not None:
