@@ -46,6 +46,9 @@ def log(hooks: TrainerHooks, logs: dict[str, float], start_time: float | None = 
             logs.update(speed_metrics("train", start_time, num_tokens=seen))
     state.log_history.append({**logs, "step": state.global_step})
     hooks.control = hooks.callback_handler.on_log(hooks.args, state, hooks.control, logs)
+    spikes = getattr(run, "spikes", None)  # rollback_on_spike: judged once the loss is logged and shown
+    if spikes is not None and "loss" in logs and hooks.is_in_train:
+        spikes.check(state)
 
 
 def maybe_log_save_evaluate(

@@ -22,6 +22,7 @@ import torch
 
 from trainwell.backend.runtime import gather_loss_sum
 from trainwell.checkpoint.checkpointer import Provider
+from trainwell.loop.rollback import SpikeWatch
 from trainwell.utils.throughput import ThroughputWindow, non_embedding_parameters, peak_flops
 
 if TYPE_CHECKING:
@@ -105,6 +106,13 @@ class LossTracker:
         collective, as at a log step) and that log's step."""
         return {"loss_sum": mean_over_processes(self.total), "last_logged_step": self.last_logged_step}
 
+    def restart_window(self, step: int) -> None:
+        """Start the log window afresh at ``step``, dropping what it held (the steps a rollback skips past end it:
+        the next log averages only steps trained after them)."""
+        self._take_total()
+        self.last_logged_step = step
+        self.added, self.finite, self.empty = 0, 0, 0
+
     def restore_window(self, saved: dict[str, Any]) -> None:
         """Continue the saved log window. Its losses belong to the earlier call, so ``logged_total`` (this call's
         ``train_loss``) leaves them out."""
@@ -171,6 +179,8 @@ class TrainingRun:
         self.losses = LossTracker(runtime.device, args.logging_nan_inf_filter, last_logged_step=state.global_step)
         #: ``skip_nonfinite_steps``'s guard (``trainwell.loop.guard.StepGuard``), set by the optimizer step
         self.guard: Any = None
+        #: ``rollback_on_spike``'s watch over the logged loss (``trainwell.loop.rollback.SpikeWatch``; None: off)
+        self.spikes = SpikeWatch(args.rollback_on_spike) if args.rollback_on_spike is not None else None
         #: the log window in progress, as a checkpoint keeps it: its loss sum averaged over processes (a collective,
         #: as at a log step); a resume continues it
         self.log_window = Provider(lambda: self._window(lambda total: gather_loss_sum(runtime, total)),
