@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from trainwell import checks, search, techniques, wiring
-from trainwell.backend import failures
+from trainwell.backend import failures, stall
 from trainwell.backend.runtime import to_device
 from trainwell.checkpoint import contents, preemption
 from trainwell.checkpoint import lock as output_lock
@@ -148,7 +148,8 @@ class Trainer:
     def _train_attempt(self, resume_from_checkpoint: str | bool | None, trial: Any,
                        ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         wiring.prepare_attempt(self, trial)
-        with techniques.during_training(self), failures.stop_together(self, last_usable_checkpoint):
+        with stall.watch(self, last_usable_checkpoint), techniques.during_training(self), \
+                failures.stop_together(self, last_usable_checkpoint):  # step_timeout, then a lost peer
             self.checkpointer = Checkpointer.of(self, resume_from_checkpoint)  # every process: the same checkpoint
             add_memory = functools.partial(self._memory_tracker.stop, "train")
             return FitLoop(self, trial, ignore_keys_for_eval, add_memory).run()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainwell.backend.stall import HEART
 from trainwell.loop.accumulation import count_items, loss_factors
 from trainwell.loop.guard import StepGuard
 from trainwell.optim.schedulers import steps_on_metrics
@@ -97,7 +98,9 @@ class OptimizerStep:
             self._fire("on_step_begin")
         else:
             hooks.control._new_step()  # the flag reset the handler would do, without the dispatch
+        heart = HEART  # step_timeout's progress counter: a plain int add per micro-batch
         for i, inputs in enumerate(batches):
+            heart.beats += 1
             hooks.micro_batch_loss_scale = factors[i] if factors is not None else None
             with self.micro_batch(self.model, i == last):
                 if self.step_takes_items:
@@ -114,6 +117,7 @@ class OptimizerStep:
             if i != last and self.listening["on_substep_end"]:
                 self._fire("on_substep_end")
         self._optimizer_step()
+        heart.beats += 1  # and one per optimizer step done (the watchdog arms once the first one is)
 
     def _window_scaling(self, batches: list[Any]) -> tuple[torch.Tensor | int | None, list[Any] | None]:
         """``num_items_in_batch`` for the window and each micro-batch's loss factor (None: leave as is)."""
