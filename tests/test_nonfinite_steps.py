@@ -127,6 +127,10 @@ def test_a_resume_after_a_skipped_step_equals_the_uninterrupted_run(tmp_path):
                       if "loss" in e]
     assert logs(resumed) == logs(whole)
     assert [s for _, _, s in logs(whole)] == [None, 1]
+    from trainwell.report import load_run
+    from trainwell.report.tables import session_rows
+
+    assert session_rows(load_run(tmp_path / "whole"))[0]["skipped steps"] == "1"  # the report counts it
 
 
 def test_a_checkpoint_of_nonfinite_weights_is_refused_and_the_previous_one_stays(tmp_path):

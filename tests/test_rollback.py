@@ -144,3 +144,11 @@ def test_data_skips_point_at_the_next_step_to_pass_over():
     skips.advance(15)
     assert skips.next_from == float("inf")
     assert DataSkips([(7, 8)], global_step=7).next_from == 7  # resumed inside a skipped range
+
+
+def test_the_report_marks_the_rollback(rolled_back):
+    from trainwell.report import load_run
+    from trainwell.report.tables import session_rows
+
+    [row] = session_rows(load_run(rolled_back.args.output_dir))
+    assert row["rollbacks"] == "to 6 (steps 7-8 skipped)"
