@@ -143,3 +143,13 @@ def test_a_checkpoint_of_nonfinite_weights_is_refused_and_the_previous_one_stays
     resumed = Trainer(DropoutMLP(), _args(tmp_path, max_steps=2), train_dataset=ClassificationDataset())
     resumed.train(resume_from_checkpoint=True)  # the newest checkpoint is the good one
     assert all(torch.isfinite(p).all() for p in resumed.model.parameters())
+
+
+@pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"], ids=["fused", "copy-guard"])
+def test_a_run_without_nonfinite_steps_trains_bit_for_bit_as_without_the_guard(tmp_path, optim):
+    guarded = _run(tmp_path / "on", cls=Trainer, optim=optim, optim_args="momentum=0.9" if optim == "sgd" else None)
+    plain = _run(tmp_path / "off", cls=Trainer, optim=optim, optim_args="momentum=0.9" if optim == "sgd" else None,
+                 skip_nonfinite_steps=False)
+    ours, theirs = _weights(guarded), _weights(plain)
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert [e.get("loss") for e in guarded.state.log_history] == [e.get("loss") for e in plain.state.log_history]

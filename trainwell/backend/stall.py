@@ -2,7 +2,7 @@
 
 Owns the progress counter and the watchdog thread. Progress is :data:`HEART`'s ``beats``, a plain int the main
 thread adds one to per training micro-batch and optimizer step (``trainwell.loop.step``), evaluation batch
-(``trainwell.loop.evaluation``) and at each end of a checkpoint save (``trainwell.checkpoint.checkpointer``): no
+(``trainwell.loop.evaluation``) and at each end of a checkpoint save (``trainwell.loop.boundary``): no
 lock, no clock read, no device tensor. While a ``train()`` attempt runs (:func:`watch`), a :class:`StallWatchdog`
 thread in every process reads it about four times per timeout. It arms once the first optimizer step is done (the
 first step may compile), and when the count has not moved for ``step_timeout`` seconds it:

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainwell.backend.stall import HEART
 from trainwell.checkpoint import contents, manifest
 from trainwell.checkpoint.background import BackgroundWriter, HostStaging
 from trainwell.checkpoint.contents import Phase
@@ -126,13 +125,6 @@ class Checkpointer:
         buffers here and written, synced and published by the background writer; the small files (RNG states, data
         position, arguments, trainer state) are written before this returns, as in a synchronous save.
         """
-        HEART.beats += 1  # step_timeout: a save is progress (it beats at its start and its end)
-        try:
-            return self._write_checkpoint(run_dir)
-        finally:
-            HEART.beats += 1
-
-    def _write_checkpoint(self, run_dir: str) -> Path:
         hooks = self.hooks
         args, runtime, state = hooks.args, hooks.runtime, hooks.state
         # Only inside train(), which waits for the last background save: after it returns this checkpointer is

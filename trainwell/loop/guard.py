@@ -69,6 +69,10 @@ class StepGuard:
         self.pending = 0  #: skips read at a save, not logged yet
         self.total = 0  #: skips of this train() call read so far
         self.fused = not scaler_skips and takes_found_inf(self.optimizer)
+        #: the copy guard: the optimizer cannot skip a step itself
+        self.copies = not scaler_skips and not self.fused
+        #: the optimizer step needs :meth:`after_step` (the copy guard's undo, or counting a scaler's skips)
+        self.undoes = not self.fused
         self._saved: list[torch.Tensor] = []
         self._guarded: list[torch.Tensor] = []
         self._warned_schedule = False
@@ -92,32 +96,31 @@ class StepGuard:
 
     # ------------------------------------------------------------------------------------------- one step
     def decide(self, grad_norm: Any, window_loss: Any) -> None:
-        """Set ``found`` from this step's gradient norm and (single process) summed loss: no host read."""
-        if self.scaler_skips:
+        """Set ``found`` from this step's gradient norm and (single process) summed loss, and count it: no host
+        read, four scalar kernels (add, mul, ne, add_; the sum promotes a half-precision loss to the norm's float)."""
+        if self.with_loss:  # one process: a plain tensor norm, and the loss
+            total = window_loss if grad_norm is None else grad_norm + window_loss
+        elif hasattr(grad_norm, "full_tensor"):  # a DTensor norm (FSDP2, tensor parallel): its value on every process
+            total = grad_norm.full_tensor()
+        else:
+            total = grad_norm
+        if total is None:  # an engine that measured no norm, and no loss to look at
             return
-        if hasattr(grad_norm, "full_tensor"):  # a DTensor norm (FSDP2, tensor parallel): its value on every process
-            grad_norm = grad_norm.full_tensor()
-        values = [v for v in (grad_norm, window_loss if self.with_loss else None) if isinstance(v, torch.Tensor)]
-        if not values:
-            self.found.zero_()
-            return
-        total = values[0] if len(values) == 1 else values[0].float() + values[1].float()
         torch.ne(total * 0, 0, out=self.found)  # x * 0 is 0 for a finite x, NaN for NaN and +-inf
-        if not self.fused:
+        self.count.add_(self.found)
+        if self.copies:
             self._copy_before_step()
 
     def after_step(self, scaler_skipped: bool = False) -> None:
-        """Undo a skipped step (the copy guard) and count it."""
+        """Undo a skipped step (the copy guard), or count a grad scaler's skip (known on the host already)."""
         if self.scaler_skips:
             self.pending += int(scaler_skipped)
             self.total += int(scaler_skipped)
             return
-        if not self.fused:
-            skip = self.found.bool()
-            with torch.no_grad():
-                for saved, current in zip(self._saved, self._guarded, strict=True):
-                    torch.where(skip, saved, current.detach(), out=current.detach())
-        self.count.add_(self.found)
+        skip = self.found.bool()
+        with torch.no_grad():
+            for saved, current in zip(self._saved, self._guarded, strict=True):
+                torch.where(skip, saved, current, out=current)
 
     def _copy_before_step(self) -> None:
         """Copy the parameters with gradients and their optimizer state (on their device) into reused buffers."""
@@ -130,12 +133,14 @@ class StepGuard:
                 tensors.append(p)
                 tensors.extend(v for v in state.get(p, {}).values()
                                if isinstance(v, torch.Tensor) and v.device == p.device and v is not p)
-        if len(tensors) != len(self._saved) or any(
-                s.shape != t.shape or s.dtype != t.dtype for s, t in zip(self._saved, tensors, strict=True)):
-            self._saved = [torch.empty_like(t) for t in tensors]  # the state grew (first step) or changed: new buffers
-        self._guarded = tensors
         with torch.no_grad():
-            torch._foreach_copy_(self._saved, [t.detach() for t in tensors])
+            # a DTensor (FSDP2, tensor parallel) is guarded through its shard: foreach ops have no sharding rule
+            local = [t.to_local() if hasattr(t, "to_local") else t.detach() for t in tensors]
+            if len(local) != len(self._saved) or any(
+                    s.shape != t.shape or s.dtype != t.dtype for s, t in zip(self._saved, local, strict=True)):
+                self._saved = [torch.empty_like(t) for t in local]  # the state grew (first step) or changed
+            self._guarded = local
+            torch._foreach_copy_(self._saved, local)
 
     # ------------------------------------------------------------------------------------------- reading the count
     def unread(self) -> torch.Tensor | int:

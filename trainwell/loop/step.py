@@ -139,11 +139,11 @@ class OptimizerStep:
         self.grad_norm = self.precision.clip_grad_norm_(self.params, self.max_norm)
         if self.listening["on_pre_optimizer_step"]:
             self._fire("on_pre_optimizer_step")
-        if guard is not None:
+        if guard is not None and not guard.scaler_skips:
             guard.decide(self.grad_norm, self.window_loss)
         hooks.optimizer.step()
         skipped = self.precision.can_skip_steps and self.precision.step_was_skipped  # fp16 overflow
-        if guard is not None:
+        if guard is not None and guard.undoes:
             guard.after_step(skipped)
         if self.listening["on_optimizer_step"]:
             self._fire("on_optimizer_step")
