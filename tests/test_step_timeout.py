@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -48,18 +49,23 @@ def _launch(workdir, stall_kind: str) -> tuple[dict[int, dict], str, float]:
 ])
 def test_a_stuck_process_stops_every_process_with_one_error_naming_it(tmp_path, kind, stuck_in, waiting_in):
     results, log, seconds = _launch(tmp_path, kind)
-    survivor = results.get(0)  # process 0 raised it from train() when process 1's exit broke its collective
-    assert survivor is not None and survivor["error"] == "StepTimeout", log[-6000:]
-    message = survivor["message"]
+    printed = re.findall(r"^StepTimeout: (No progress .*)$", log, flags=re.MULTILINE)
+    assert printed, log[-6000:]
+    message = printed[0]
     assert message.startswith("No progress for 3 s (step_timeout=3.0): process 1 of 2 is stuck "), message
     assert stuck_in in message and "the other processes were waiting for it: " + waiting_in in message, message
-    # both processes printed the same error (the two processes' stderr may interleave, so it is looked for whole)
-    assert f"StepTimeout: {message}" in log and log.count("StepTimeout: No progress for 3 s") == 2, log[-6000:]
+    # every process printed its stack and the same error (their stderr may interleave: looked for whole)
+    assert log.count("StepTimeout: No progress for 3 s") == 2 and set(printed) == {message}, log[-6000:]
     for rank in (0, 1):
         assert f"trainwell step_timeout: the Python stack of process {rank}:" in log, log[-6000:]
     assert "most recent call first" in log  # faulthandler's dump
     assert 1 not in results  # process 1, stuck in a sleep or a wait, was ended
-    assert seconds < 120 and survivor["seconds"] < 60, (seconds, survivor)
+    # Process 0 raises it from train() once process 1's exit breaks its collective, unless the launcher, seeing
+    # process 1 gone, ends it first.
+    survivor = results.get(0)
+    if survivor is not None:
+        assert survivor["error"] == "StepTimeout" and survivor["message"] == message, survivor
+    assert seconds < 120, seconds
     record = [json.loads(line) for line in (tmp_path / "step_timeout.jsonl").read_text().splitlines()]
     assert len(record) == 1 and record[0]["processes"] == [1]
 

@@ -52,15 +52,14 @@ def takes_found_inf(optimizer: Any) -> bool:
 class StepGuard:
     """The non-finite guard of one ``train()`` call (see the module docstring).
 
-    ``params`` are the trainable parameters (their gradients are what the norm measured); ``with_loss``: the
-    window's loss takes part in the decision (a single process).
+    ``with_loss``: the window's loss takes part in the decision (a single process); ``scaler_skips``: a grad scaler
+    skips non-finite steps itself, and the guard only counts its skips.
     """
 
-    def __init__(self, optimizer: Any, scheduler: Any, params: list[torch.nn.Parameter], device: torch.device,
-                 with_loss: bool, scaler_skips: bool = False) -> None:
+    def __init__(self, optimizer: Any, scheduler: Any, device: torch.device, with_loss: bool,
+                 scaler_skips: bool = False) -> None:
         self.optimizer = getattr(optimizer, "optimizer", optimizer)  # the torch optimizer under Accelerate's wrapper
         self.scheduler = scheduler
-        self.params = params
         self.with_loss = with_loss
         #: a grad scaler skips the non-finite steps itself: only its (host-known) skips are counted
         self.scaler_skips = scaler_skips
@@ -81,7 +80,7 @@ class StepGuard:
             self.optimizer.found_inf = self.found
 
     @classmethod
-    def of(cls, hooks: TrainerHooks, params: list[torch.nn.Parameter]) -> StepGuard | None:
+    def of(cls, hooks: TrainerHooks) -> StepGuard | None:
         """The guard the arguments ask for; None when ``skip_nonfinite_steps`` is off or the engine steps its own
         optimizer (DeepSpeed, whose fp16 loss scaler skips overflowing steps itself)."""
         if not hooks.args.skip_nonfinite_steps:
@@ -91,7 +90,7 @@ class StepGuard:
             logger.info("skip_nonfinite_steps: %s runs its own optimizer step; its loss scaler decides which steps "
                         "to skip.", runtime.engine.label)
             return None
-        return cls(hooks.optimizer, hooks.lr_scheduler, params, runtime.device, with_loss=runtime.num_processes == 1,
+        return cls(hooks.optimizer, hooks.lr_scheduler, runtime.device, with_loss=runtime.num_processes == 1,
                    scaler_skips=precision.can_skip_steps)
 
     # ------------------------------------------------------------------------------------------- one step
@@ -104,7 +103,8 @@ class StepGuard:
             total = grad_norm.full_tensor()
         else:
             total = grad_norm
-        if total is None:  # an engine that measured no norm, and no loss to look at
+        if total is None:  # an engine that measured no norm, and no loss to look at: apply the step
+            self.found.zero_()
             return
         torch.ne(total * 0, 0, out=self.found)  # x * 0 is 0 for a finite x, NaN for NaN and +-inf
         self.count.add_(self.found)

@@ -73,7 +73,7 @@ class OptimizerStep:
         self.learning_rate: float | None = None
         self.listening: dict[str, bool] = {}
         #: ``skip_nonfinite_steps`` (None: off); the log/save boundary reads its count through the run
-        self.guard = run.guard = StepGuard.of(hooks, self.params)
+        self.guard = run.guard = StepGuard.of(hooks)
         self.sums_loss = self.guard is not None and self.guard.with_loss
         run.losses.guarded = self.guard is not None
         self.window_loss: Any = None
