@@ -16,7 +16,8 @@ How a step is not applied:
 * any other optimizer is guarded by a copy: the parameters and their optimizer state on the same device are copied
   before the step into buffers kept between steps, and put back with ``torch.where`` after it (memory for one
   copy of them, and a kernel per tensor: the fused optimizers, the default ``adamw_torch_fused`` among them, need
-  neither). State an optimizer keeps on the host (torch's non-capturable ``step`` counts when the parameters are
+  neither); state the step creates (its first) is left at zero, as lazily created moments start. State an optimizer
+  keeps on the host (torch's non-capturable ``step`` counts when the parameters are
   on an accelerator) moves on;
 * under a grad scaler (fp16) the scaler already skips such steps; its skips are counted the same way.
 
@@ -74,6 +75,7 @@ class StepGuard:
         self.undoes = not self.fused
         self._saved: list[torch.Tensor] = []
         self._guarded: list[torch.Tensor] = []
+        self._fresh: list[torch.Tensor] = []
         self._warned_schedule = False
         if self.fused:
             # Read by the optimizer's step at every call (``getattr(self, "found_inf", None)``); written in place.
@@ -121,16 +123,29 @@ class StepGuard:
         with torch.no_grad():
             for saved, current in zip(self._saved, self._guarded, strict=True):
                 torch.where(skip, saved, current, out=current)
+            if self._fresh:  # state the step created (its first): a skipped one leaves it as created, at zero
+                zero = torch.zeros((), device=self.found.device)
+                for t in self._created():
+                    torch.where(skip, zero.to(t.dtype), t, out=t)
+                self._fresh = []
+
+    def _created(self) -> list[torch.Tensor]:
+        state = self.optimizer.state
+        return [t.to_local() if hasattr(t, "to_local") else t.detach() for p in self._fresh
+                for t in state.get(p, {}).values() if isinstance(t, torch.Tensor) and t.device == p.device]
 
     def _copy_before_step(self) -> None:
         """Copy the parameters with gradients and their optimizer state (on their device) into reused buffers."""
         tensors = []
         state = self.optimizer.state
+        self._fresh = []  # parameters without state yet: the step creates it
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 tensors.append(p)
+                if not state.get(p):
+                    self._fresh.append(p)
                 tensors.extend(v for v in state.get(p, {}).values()
                                if isinstance(v, torch.Tensor) and v.device == p.device and v is not p)
         with torch.no_grad():
