@@ -133,9 +133,18 @@ def accelerator_path(monkeypatch):
     return syncs
 
 
+# trainwell's resilience arguments all on (docs/resilience.md): the non-finite guard (on by default), the spike
+# watch at each log (it needs checkpoints: none falls in the counted steps) and the step watchdog's thread.
+RESILIENCE = {"skip_nonfinite_steps": True, "rollback_on_spike": 5.0, "step_timeout": 60.0,
+              "save_strategy": "steps", "save_steps": 100}
+
+
 @pytest.mark.parametrize("settings", [{}, {"bf16": True}, {"gradient_accumulation_steps": 4},
-                                      {"max_grad_norm": 0.0}, {"logging_nan_inf_filter": False}],
-                         ids=["defaults", "bf16", "accumulation-4", "no-clipping", "no-nan-filter"])
+                                      {"max_grad_norm": 0.0}, {"logging_nan_inf_filter": False},
+                                      {"skip_nonfinite_steps": False}, RESILIENCE,
+                                      {**RESILIENCE, "optim": "sgd"}],
+                         ids=["defaults", "bf16", "accumulation-4", "no-clipping", "no-nan-filter", "no-guard",
+                              "resilience-on", "resilience-copy-guard"])
 def test_no_host_read_between_logging_steps_and_one_at_a_log(tmp_path, accelerator_path, settings):
     steps = _count(tmp_path, HostReads, **settings)
     # turn i begins at global step i + 1 and ends at global step i + 2: the logs at steps 4 and 8 are turns 2 and 6
@@ -183,22 +192,32 @@ def _hand_step_kernels(clip: bool) -> dict:
 # reference logs it too): one norm per gradient, stacked, reduced. The data pipeline runs on the host: not counted.
 _LOSS_BOOKKEEPING = {"aten.sub": 1, "aten.eq": 1, "aten.add": 2, "aten.div": 1, "aten.where": 1}
 _NORM_FOR_THE_LOGS = {"aten._foreach_norm": 1, "aten.stack": 1, "aten.linalg_vector_norm": 1}
+# skip_nonfinite_steps (on by default; trainwell/loop/guard.py): the decision from the norm the step has anyway and
+# the loss (add them, x * 0, != 0 into the optimizer's found_inf), the count of skipped steps (add_), and, inside the
+# fused AdamW, its own step-count correction for found_inf (one _foreach_sub_ per parameter group, as under fp16's
+# GradScaler). Scalar kernels all: no pass over the gradients, no host read.
+_NONFINITE_GUARD = {"aten.add": 1, "aten.mul": 1, "aten.ne": 1, "aten.add_": 1, "aten._foreach_sub_": 2}
 
 
 @pytest.mark.parametrize("clip", [True, False], ids=["clipping", "no-clipping"])
-def test_a_step_runs_the_kernels_of_a_hand_written_step_and_the_loss_bookkeeping(tmp_path, accelerator_path, clip):
-    ours = _count(tmp_path, Kernels, max_grad_norm=1.0 if clip else 0.0, logging_steps=100)[-1]
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "no-guard"])
+def test_a_step_runs_the_kernels_of_a_hand_written_step_and_the_loss_bookkeeping(tmp_path, accelerator_path, clip,
+                                                                                 guard):
+    ours = _count(tmp_path, Kernels, max_grad_norm=1.0 if clip else 0.0, logging_steps=100,
+                  skip_nonfinite_steps=guard)[-1]
     expected = collections.Counter(_hand_step_kernels(clip))
     expected.update(_LOSS_BOOKKEEPING)
     if not clip:
         expected.update(_NORM_FOR_THE_LOGS)
+    if guard:
+        expected.update(_NONFINITE_GUARD)
     assert ours == dict(expected)
     if not clip:  # the norm is taken, never applied: no gradient is multiplied by 1.0
         assert "aten._foreach_mul_" not in ours
 
 
 def test_the_loss_bookkeeping_is_one_add_without_the_nan_filter(tmp_path, accelerator_path):
-    ours = _count(tmp_path, Kernels, logging_nan_inf_filter=False, logging_steps=100)[-1]
+    ours = _count(tmp_path, Kernels, logging_nan_inf_filter=False, logging_steps=100, skip_nonfinite_steps=False)[-1]
     expected = collections.Counter(_hand_step_kernels(clip=True))
     expected.update({"aten.sub": 1, "aten.eq": 1, "aten.add": 2})
     assert ours == dict(expected)

@@ -129,6 +129,8 @@ class TrainerHooks(Protocol):
     #: the checkpoints of the ``train()`` call in progress (the last one after it returns; before the first, one
     #: that saves synchronously): its saves, its resume, the providers the loop registers
     checkpointer: Checkpointer
+    #: ``rollback_on_spike``: the record the next ``train()`` attempt appends to the state it resumes (None: none)
+    _pending_rollback: dict[str, Any] | None
 
 
 def hook_methods() -> list[str]:

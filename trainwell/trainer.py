@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from trainwell import checks, search, techniques, wiring
-from trainwell.backend import failures
+from trainwell.backend import failures, stall
 from trainwell.backend.runtime import to_device
 from trainwell.checkpoint import contents, preemption
 from trainwell.checkpoint import lock as output_lock
@@ -38,7 +38,7 @@ from trainwell.events.callback import TrainerCallback
 from trainwell.events.flow import DefaultFlowCallback
 from trainwell.events.progress import ProgressCallback
 from trainwell.integrations import hub
-from trainwell.loop import boundary, evaluation, losses
+from trainwell.loop import boundary, evaluation, losses, rollback
 from trainwell.loop.fit import FitLoop
 from trainwell.loop.metric_checks import CheckedComputeMetrics
 from trainwell.loop.plan import StepPlan, build_plan
@@ -138,6 +138,7 @@ class Trainer:
             try:
                 self._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
                 attempt = functools.partial(self._train_attempt, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
+                attempt = rollback.attempts(self, attempt)  # rollback_on_spike: again from the last good checkpoint
                 with output_lock.holding(self._get_output_dir(trial), enabled=self.is_world_process_zero()):
                     return batch_size.train_attempts(self, attempt, resume_from_checkpoint)
             finally:
@@ -147,7 +148,8 @@ class Trainer:
     def _train_attempt(self, resume_from_checkpoint: str | bool | None, trial: Any,
                        ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         wiring.prepare_attempt(self, trial)
-        with techniques.during_training(self), failures.stop_together(self, last_usable_checkpoint):
+        with stall.watch(self, last_usable_checkpoint), techniques.during_training(self), \
+                failures.stop_together(self, last_usable_checkpoint):  # step_timeout, then a lost peer
             self.checkpointer = Checkpointer.of(self, resume_from_checkpoint)  # every process: the same checkpoint
             add_memory = functools.partial(self._memory_tracker.stop, "train")
             return FitLoop(self, trial, ignore_keys_for_eval, add_memory).run()

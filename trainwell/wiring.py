@@ -239,6 +239,7 @@ def set_run_attributes(trainer: Any) -> None:
     trainer.current_gradient_accumulation_steps = 1
     trainer.micro_batch_loss_scale = None
     trainer.training_run = None
+    trainer._pending_rollback = None  # rollback_on_spike: what the next train() attempt records
     # decided once, not per micro-batch: an override may predate the reference's num_items_in_batch
     trainer._loss_takes_items = model_utils.accepts_keyword(trainer.compute_loss, "num_items_in_batch")
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from trainwell.checkpoint import contents, manifest
 from trainwell.checkpoint.background import BackgroundWriter, HostStaging
 from trainwell.checkpoint.contents import Phase
+from trainwell.checkpoint.finite import check_finite_weights
 from trainwell.checkpoint.io import AtomicDirectory, safe_torch_load, writing
 from trainwell.checkpoint.layout import TRAINER_STATE_NAME, checkpoint_path, rotate_checkpoints
 from trainwell.checkpoint.resume import Resume, RunPlan
@@ -132,6 +133,7 @@ class Checkpointer:
         if background is not None:
             background.wait()  # the previous save is published before this one reuses the host buffers
         final = checkpoint_path(run_dir, state.global_step)
+        _check_weights(hooks, final)  # NaN weights are never published: the previous checkpoint stays the newest
         atomic = AtomicDirectory(final)
         if args.should_save:
             atomic.create()
@@ -180,6 +182,7 @@ class Checkpointer:
     def write_into(self, folder: str) -> None:
         """A complete checkpoint written straight into ``folder``, without publishing, rotation or best-model
         bookkeeping: a copy handed to another tool (Ray Tune's trial checkpoints)."""
+        _check_weights(self.hooks, folder)
         os.makedirs(folder, exist_ok=True)
         with filehash.recording(folder) as recorder:
             contents.write_pieces(self.hooks, folder)
@@ -260,6 +263,12 @@ class Checkpointer:
         if resumed:
             self._rng, self._rng_read = saved, True
         return saved
+
+
+def _check_weights(hooks: TrainerHooks, checkpoint: Any) -> None:
+    runtime = hooks.runtime
+    gather = runtime.all_gather_object if runtime.distributed else None
+    check_finite_weights(hooks.model, str(checkpoint), gather, runtime.process_index)
 
 
 def _write_trainer_state(hooks: TrainerHooks, folder: str) -> None:

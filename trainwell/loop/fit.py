@@ -33,6 +33,7 @@ from trainwell.loop.epochs import EpochIterator
 from trainwell.loop.live_log import LiveLog
 from trainwell.loop.plan import StepPlan
 from trainwell.loop.progress import TrainingRun
+from trainwell.loop.rollback import DataSkips
 from trainwell.loop.step import OptimizerStep
 from trainwell.outputs import TrainOutput
 from trainwell.state import TrainerState
@@ -101,6 +102,7 @@ class FitLoop:
             _announce(hooks, plan, resume)
         self._fire("on_train_begin")
         self.step.listen()
+        self.skips = DataSkips.of(hooks.state)  # rollback_on_spike's skipped steps, as log_history records them
         if args.eval_on_start:
             hooks._evaluate(self.trial, self.ignore_keys, skip_scheduler=True)
         # The whole tree in train mode, as the reference's every step does: a module built around a loaded model
@@ -126,6 +128,8 @@ class FitLoop:
             checkpointer.wait()  # save_async: the last checkpoint is published before the best one is reloaded
         finally:
             checkpointer.finish_quietly()  # training failed: still let a checkpoint in flight reach the disk
+            if self.step.guard is not None:
+                self.step.guard.close()
         return self._finish()
 
     def _fire(self, event: str) -> None:
@@ -142,6 +146,9 @@ class FitLoop:
         hooks.state = TrainerState(stateful_callbacks=[*hooks.callback_handler.callbacks, hooks.control])
         self.checkpointer.restore(Phase.STATE)  # resuming: the checkpoint's state, and where its data stands
         state = hooks.state
+        if hooks._pending_rollback is not None:  # rollback_on_spike went back to this checkpoint: record why
+            state.log_history.append(hooks._pending_rollback)
+            hooks._pending_rollback = None
         state.is_hyper_param_search = self.trial is not None
         state.train_batch_size = plan.total_train_batch_size // (plan.accumulation * hooks.runtime.data_parallel_size)
         state.compute_steps(args, plan.max_steps)
@@ -188,6 +195,9 @@ class FitLoop:
             window = next(windows, None)
             if window is None:
                 break
+            if hooks.state.global_step >= self.skips.next_from:  # a step rollback_on_spike skips: read, dropped
+                self._pass_over(epoch, epochs)
+                continue
             started = time.perf_counter() if self.timing_compile else 0.0
             self.step.run_window(window)
             if self.timing_compile:
@@ -204,6 +214,18 @@ class FitLoop:
             hooks.control.should_training_stop = True
         self._fire("on_epoch_end")
         self._boundary(epoch)
+
+    def _pass_over(self, epoch: int, epochs: EpochIterator) -> None:
+        """Count a skipped step without training on its batches (no event, no log, no optimizer or scheduler step);
+        after the last of a skipped range the log window starts afresh."""
+        state = self.hooks.state
+        state.global_step += 1
+        state.epoch = epoch + epochs.consumed / self.run.plan.steps_in_epoch
+        if not self.skips.skips(state.global_step + 1):
+            self.skips.advance(state.global_step)
+            self.run.losses.restart_window(state.global_step)
+        if state.global_step >= self.run.plan.max_steps:
+            self.hooks.control.should_training_stop = True
 
     def _log_compile_time(self, seconds: float) -> None:
         self.timing_compile = False
@@ -230,6 +252,9 @@ class FitLoop:
         hooks.store_flos()
         metrics["total_flos"] = state.total_flos
         metrics["train_loss"] = train_loss
+        skipped = self.step.guard.finish() if self.step.guard is not None else 0
+        if skipped:  # skip_nonfinite_steps: every step this call did not apply
+            metrics["skipped_nonfinite_steps"] = skipped
         if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
             hooks._load_best_model()
         if self.add_memory is not None:

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from trainwell.loop.live_log import LIVE_LOG_NAME, LiveHistory
-from trainwell.report.curves import INDEX_KEYS
+from trainwell.report.curves import NOT_CURVES
+from trainwell.report.incidents import incidents
 from trainwell.report.live import merge_state, read_live_log, resume_points
 from trainwell.report.run_info import run_info
 from trainwell.report.sessions import (
@@ -147,7 +148,7 @@ def _step_series(entries: list[tuple[int, dict[str, Any]]]) -> dict[str, list[tu
         step = entry_step(entry)
         for key, raw in entry.items():
             value = raw if type(raw) is float else number(raw)  # the common case without a call: 1M entries
-            if value is not None and key not in INDEX_KEYS:
+            if value is not None and key not in NOT_CURVES:
                 points = series.get(key)
                 if points is None:
                     points = series[key] = []
@@ -348,7 +349,7 @@ def summary_text(run: RunHistory, head: dict[str, Any] | None = None) -> str:
     """The summary (``head``, when already computed by ``summary``) as aligned ``key  value`` lines, then the
     sessions of a resumed run and the hyperparameters; one line per value (``key_values``)."""
     text = key_values(summary(run) if head is None else head)
-    if len(run.sessions) > 1:
+    if len(run.sessions) > 1 or incidents(run):
         text += "\n\nsessions:\n" + text_table(session_rows(run))
     if run.info:
         text += "\n\nhyperparameters:\n" + key_values(run.info, indent="  ")
