@@ -114,6 +114,20 @@ def test_merging_takes_the_live_entries_after_the_states_last_one():
     assert [e["step"] for e in resumed.entries] == [1, 2, 3] and not any("train_loss" in e for e in resumed.entries)
 
 
+def test_a_rollback_inside_a_call_drops_the_discarded_steps_and_keeps_one_session():
+    """rollback_on_spike goes back to a checkpoint inside the same train() call: its session line is marked, the
+    steps after the checkpoint are dropped as for a resume, and the call stays one session."""
+    live = rebuild([{"session": {"start_step": 0}}, *({"log": {"loss": 1.0, "step": s}} for s in (2, 4, 6, 8)),
+                    {"session": {"start_step": 6, "resumed_from": "checkpoint-6", "rollback": True}},
+                    {"log": {"rollback": 1, "rollback_to_step": 6, "step": 8}}, {"log": {"loss": 1.0, "step": 10}}])
+    assert [s["start_step"] for s in live.sessions] == [0]
+    assert [e["step"] for e in live.entries] == [2, 4, 6, 8, 10] and "rollback" in live.entries[3]
+    # a call that resumed at 10 and rolled back to 6 starts at 6 now, still one session after the first
+    later = rebuild([{"session": {"start_step": 10, "resumed_from": "checkpoint-10"}},
+                     {"session": {"start_step": 6, "resumed_from": "checkpoint-6", "rollback": True}}], live)
+    assert [(s["start_step"], s.get("resumed_from")) for s in later.sessions] == [(0, None), (6, "checkpoint-10")]
+
+
 def test_lines_that_are_not_records_are_skipped():
     good = json.dumps({"log": {"loss": 1.0, "step": 1}}).encode()
     data = b"\n".join([good, b"not json", b"[1]", b'{"log": 3}', b"x" * (MAX_LINE_BYTES + 1), good, b'{"log": {'])

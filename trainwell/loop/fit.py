@@ -146,8 +146,9 @@ class FitLoop:
         hooks.state = TrainerState(stateful_callbacks=[*hooks.callback_handler.callbacks, hooks.control])
         self.checkpointer.restore(Phase.STATE)  # resuming: the checkpoint's state, and where its data stands
         state = hooks.state
-        if hooks._pending_rollback is not None:  # rollback_on_spike went back to this checkpoint: record why
-            state.log_history.append(hooks._pending_rollback)
+        self.rollback = hooks._pending_rollback  # rollback_on_spike went back to this checkpoint: record why
+        if self.rollback is not None:
+            state.log_history.append(self.rollback)
             hooks._pending_rollback = None
         state.is_hyper_param_search = self.trial is not None
         state.train_batch_size = plan.total_train_batch_size // (plan.accumulation * hooks.runtime.data_parallel_size)
@@ -175,7 +176,8 @@ class FitLoop:
         """The run folder's live log, its session line written (``trainwell.loop.live_log``)."""
         state, resume = self.hooks.state, self.resume
         return LiveLog.begin(self.hooks._get_output_dir(self.trial), state.global_step,
-                             resume.path if resume is not None else None, plan.max_steps, state.num_input_tokens_seen)
+                             resume.path if resume is not None else None, plan.max_steps, state.num_input_tokens_seen,
+                             rollback=self.rollback)
 
     def _register(self, run: TrainingRun, epochs: EpochIterator) -> None:
         """Hand the checkpointer the loop's parts that a checkpoint keeps: the ``CONTENTS`` rows that no Trainer

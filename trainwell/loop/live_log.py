@@ -64,17 +64,23 @@ class LiveLog:
 
     @classmethod
     def begin(cls, folder: str, start_step: int, resumed_from: str | None, max_steps: int,
-              tokens_seen: int = 0) -> LiveLog:
+              tokens_seen: int = 0, rollback: dict[str, Any] | None = None) -> LiveLog:
         """The live log of the run in ``folder``, its session line written: a new file for a fresh start, one
-        more line for a resume (``resumed_from``: the checkpoint's path)."""
+        more line for a resume (``resumed_from``: the checkpoint's path). ``rollback``: this start is
+        ``rollback_on_spike`` going back to ``resumed_from`` inside the same ``train()`` call; its record (the
+        ``log_history`` entry) follows the session line, which is marked so that readers keep one session."""
         log = cls(os.path.join(folder, LIVE_LOG_NAME))
         session = {"start_step": start_step, "resumed_from": os.path.basename(os.path.normpath(resumed_from))
                    if resumed_from else None, "max_steps": max_steps, "num_input_tokens_seen": tokens_seen}
+        if rollback is not None:
+            session["rollback"] = True
         line = _line({"session": session})
         if resumed_from is None and start_step == 0:
             log._guarded(log._replace, line)
         else:
             log._guarded(log._append, line)
+        if rollback is not None:
+            log.append(rollback)
         return log
 
     def append(self, entry: dict[str, Any]) -> None:
@@ -187,7 +193,12 @@ class LiveHistory:
             self.entries, self.sessions, self.complete = [], [{**session, "start_step": 0}], True
             return
         # Sessions that resumed from a later step belong to the future this resume discards.
-        self.sessions = [s for s in self.sessions if s["start_step"] < start] + [{**session, "start_step": start}]
+        kept = [s for s in self.sessions if s["start_step"] < start]
+        if not session.get("rollback"):
+            kept.append({**session, "start_step": start})
+        elif len(kept) < len(self.sessions):  # the call rolled back past its own start: it now starts there
+            kept.append({**self.sessions[-1], "start_step": start})
+        self.sessions = kept
         # A resume: the checkpoint's history holds what was logged up to its step, and not the end-of-train()
         # summary of the call that saved it (logged after its last save).
         self.entries = [e for e in self.entries if (step := _int(e.get("step"))) is None or step < start

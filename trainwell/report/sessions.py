@@ -251,7 +251,9 @@ def _split_by_summary(session: Session) -> list[Session]:
     """``session`` alone, or, when its summary covers fewer steps than its entries span, an earlier
     unsummarized session (the entries up to the resume point) and this one."""
     summary = session.summary
-    if not summary or not session.entries:
+    # rollback_on_spike restarts the call from a checkpoint inside it: its summary then covers the steps since the
+    # last rollback (trainwell.loop.rollback), which is no sign of an earlier call.
+    if not summary or not session.entries or any("rollback" in e for e in session.entries):
         return [session]
     steps_per_second, runtime = number(summary.get("train_steps_per_second")), number(summary.get("train_runtime"))
     if not steps_per_second or not runtime:
