@@ -85,7 +85,8 @@ def _run(out, cls=Poisoned, callbacks=(), **kwargs):
 def test_a_nonfinite_step_is_skipped_as_the_reference_fp16_skip_does(tmp_path, optim, bad):
     # the first step creates the optimizer's state: skipped, it must leave none of the NaN gradient in it
     extra = {"optim_args": "momentum=0.9"} if optim == "sgd" else {}  # SGD with state to guard
-    guarded = _run(tmp_path / "guarded", optim=optim, bad=bad, **extra)
+    # True: the copy guard too (the default guards only the optimizers that skip a step themselves)
+    guarded = _run(tmp_path / "guarded", optim=optim, bad=bad, skip_nonfinite_steps=True, **extra)
     by_hand = _run(tmp_path / "by_hand", cls=Trainer, callbacks=[SkipByHand(bad)], skip_nonfinite_steps=False,
                    optim=optim, **extra)
     ours, theirs = _weights(guarded), _weights(by_hand)
@@ -149,9 +150,22 @@ def test_a_checkpoint_of_nonfinite_weights_is_refused_and_the_previous_one_stays
 
 @pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"], ids=["fused", "copy-guard"])
 def test_a_run_without_nonfinite_steps_trains_bit_for_bit_as_without_the_guard(tmp_path, optim):
-    guarded = _run(tmp_path / "on", cls=Trainer, optim=optim, optim_args="momentum=0.9" if optim == "sgd" else None)
+    guarded = _run(tmp_path / "on", cls=Trainer, optim=optim, optim_args="momentum=0.9" if optim == "sgd" else None,
+                   skip_nonfinite_steps=True)
     plain = _run(tmp_path / "off", cls=Trainer, optim=optim, optim_args="momentum=0.9" if optim == "sgd" else None,
                  skip_nonfinite_steps=False)
     ours, theirs = _weights(guarded), _weights(plain)
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
     assert [e.get("loss") for e in guarded.state.log_history] == [e.get("loss") for e in plain.state.log_history]
+
+
+@pytest.mark.parametrize("optim", ["adamw_torch_fused", "adamw_torch"], ids=["fused", "foreach"])
+def test_by_default_only_an_optimizer_that_skips_itself_is_guarded(tmp_path, optim, caplog):
+    """skip_nonfinite_steps=None (the default): the fused optimizers skip through found_inf at no copy; another
+    optimizer is not copied each step (its non-finite step is applied, as on the reference), and the log says how
+    to guard it."""
+    with caplog.at_level("INFO", logger="trainwell.loop.guard"):
+        trainer = _run(tmp_path, optim=optim, bad=BAD_STEPS)
+    finite = all(torch.isfinite(v).all() for v in _weights(trainer).values())
+    assert finite is (optim == "adamw_torch_fused")
+    assert ("Set skip_nonfinite_steps=True" in caplog.text) is (optim == "adamw_torch")

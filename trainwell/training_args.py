@@ -308,10 +308,14 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
     log_throughput: bool = _arg(False, "trainwell: add tokens_per_second (over each log window, all processes) "
                                 "and, on a GPU of known peak in bf16/fp16, mfu (6 x non-embedding parameters x "
                                 "tokens/s over the peak) to each training log and the progress bar.")
-    skip_nonfinite_steps: bool = _arg(True, "trainwell: do not apply an optimizer step whose loss or gradient norm "
-                                      "is NaN/inf (decided on the device, no sync; the count is logged as "
-                                      "skipped_nonfinite_steps). A checkpoint of non-finite weights is refused "
-                                      "whatever the setting (docs/resilience.md).")
+    skip_nonfinite_steps: bool | None = _arg(None, "trainwell: do not apply an optimizer step whose loss or "
+                                             "gradient norm is NaN/inf (decided on the device, no sync; the count "
+                                             "is logged as skipped_nonfinite_steps). None (default): wherever the "
+                                             "optimizer skips a step itself (torch's fused optimizers, the default "
+                                             "adamw_torch_fused; fp16's grad scaler); True: with any optimizer (a "
+                                             "copy of the parameters and optimizer state guards the others); "
+                                             "False: never. A checkpoint of non-finite weights is refused whatever "
+                                             "the setting (docs/resilience.md).", nargs="?", const=True)
     rollback_on_spike: float | None = _arg(None, "trainwell: when a logged loss exceeds this factor times the "
                                            "median of the recent logged losses (or is NaN/inf), reload the last "
                                            "good checkpoint, skip the data since it and go on (at most 3 times); "

@@ -4,7 +4,7 @@ and ``trainwell.backend.stall``).
 
 Owns normalizing ``step_timeout`` (a number of seconds given as text, as a command line or a YAML file gives it,
 becomes a float; ``"AUTO"`` becomes ``"auto"``) and refusing values that cannot work, each error naming the value
-and the fix. ``skip_nonfinite_steps`` is a plain bool (``trainwell.args.kinds`` checks it); NaN or infinite
+and the fix. ``skip_nonfinite_steps`` is a bool or None (``trainwell.args.kinds`` checks it); NaN or infinite
 ``rollback_on_spike`` values are refused with the other floats (``validate._check_finite``).
 """
 

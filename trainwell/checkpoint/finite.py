@@ -49,6 +49,6 @@ def check_finite_weights(model: torch.nn.Module, checkpoint: str, gather: Callab
     raise NonFiniteWeightsError(
         f"{checkpoint} was not saved: the model's weights are not finite (NaN or inf in {where}). A checkpoint of "
         "such weights would resume into NaN training, so the newest checkpoint stays the one before it. The run "
-        "diverged: keep skip_nonfinite_steps=True (non-finite steps are then never applied), set max_grad_norm "
+        "diverged: set skip_nonfinite_steps=True (non-finite steps are then never applied), set max_grad_norm "
         "(e.g. 1.0), lower learning_rate, try rollback_on_spike, and check the data."
     )

@@ -83,14 +83,24 @@ class StepGuard:
 
     @classmethod
     def of(cls, hooks: TrainerHooks) -> StepGuard | None:
-        """The guard the arguments ask for; None when ``skip_nonfinite_steps`` is off or the engine steps its own
-        optimizer (DeepSpeed, whose fp16 loss scaler skips overflowing steps itself)."""
-        if not hooks.args.skip_nonfinite_steps:
+        """The guard the arguments ask for; None when ``skip_nonfinite_steps`` is False, when the engine steps its
+        own optimizer (DeepSpeed, whose fp16 loss scaler skips overflowing steps itself), or, at the default (None),
+        when only the copy guard could skip the step: its copy of the parameters and optimizer state is a cost in
+        memory and time that only an explicit True asks for."""
+        setting = hooks.args.skip_nonfinite_steps
+        if setting is False:
             return None
         runtime, precision = hooks.runtime, hooks.precision
         if runtime.engine.steps_its_own_optimizer:
             logger.info("skip_nonfinite_steps: %s runs its own optimizer step; its loss scaler decides which steps "
                         "to skip.", runtime.engine.label)
+            return None
+        if setting is None and not precision.can_skip_steps and not takes_found_inf(
+                getattr(hooks.optimizer, "optimizer", hooks.optimizer)):
+            logger.info("skip_nonfinite_steps: the optimizer (%s) cannot skip a step itself, so non-finite steps are "
+                        "applied, as on the reference. Set skip_nonfinite_steps=True to guard it with a copy of the "
+                        "parameters and optimizer state, or use a fused optimizer (optim='adamw_torch_fused').",
+                        type(getattr(hooks.optimizer, "optimizer", hooks.optimizer)).__name__)
             return None
         return cls(hooks.optimizer, hooks.lr_scheduler, runtime.device, with_loss=runtime.num_processes == 1,
                    scaler_skips=precision.can_skip_steps)
