@@ -149,8 +149,9 @@ def test_no_host_read_between_logging_steps_and_one_at_a_log(tmp_path, accelerat
     assert accelerator_path == []
 
 
-def _hand_step_kernels(clip: bool) -> dict:
-    """One optimizer step of the loop a user writes: forward, backward, (clip), step, schedule, zero."""
+def _hand_step_kernels(clip: bool, bf16: bool = False) -> dict:
+    """One optimizer step of the loop a user writes: forward (under bf16 autocast), backward, (clip), step,
+    schedule, zero."""
     torch.manual_seed(0)
     model = MLP()
     # The reference's two groups (weights, then biases and norms), which trainwell keeps so that an optimizer.pt
@@ -166,7 +167,8 @@ def _hand_step_kernels(clip: bool) -> dict:
     counts = []
     for batch in batches:
         with Kernels() as mode:
-            loss = model(**batch)["loss"]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = model(**batch)["loss"]
             loss.backward()
             if clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -195,6 +197,15 @@ def test_a_step_runs_the_kernels_of_a_hand_written_step_and_the_loss_bookkeeping
     assert ours == dict(expected)
     if not clip:  # the norm is taken, never applied: no gradient is multiplied by 1.0
         assert "aten._foreach_mul_" not in ours
+
+
+def test_a_bf16_step_runs_the_kernels_of_a_hand_written_autocast_step(tmp_path, accelerator_path):
+    """No float32 copy of the outputs that nobody sees: Accelerate's prepared forward casts every bf16 output (the
+    logits) to float32, one more ``_to_copy`` per step than a loop under ``torch.autocast`` makes."""
+    ours = _count(tmp_path, Kernels, bf16=True, logging_steps=100)[-1]
+    expected = collections.Counter(_hand_step_kernels(clip=True, bf16=True))
+    expected.update(_LOSS_BOOKKEEPING)
+    assert ours == dict(expected)
 
 
 def test_the_loss_bookkeeping_is_one_add_without_the_nan_filter(tmp_path, accelerator_path):

@@ -18,9 +18,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from trainwell.backend import outputs
 
 if TYPE_CHECKING:
     from trainwell.backend.engine import Engine
@@ -57,6 +60,8 @@ class Precision:
         self.eval_dtype: torch.dtype | None = (
             torch.float16 if args.fp16_full_eval else torch.bfloat16 if args.bf16_full_eval else None
         )
+        #: the float32 cast of the prepared model's outputs (``trainwell.backend.outputs``), None without one
+        self.output_cast: outputs.OutputCast | None = None
         if getattr(args, "tf32", None) is not None and accelerator.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
             torch.backends.cudnn.allow_tf32 = bool(args.tf32)
@@ -67,6 +72,25 @@ class Precision:
         if self.mode not in ("fp16", "bf16"):
             return contextlib.nullcontext()
         return self._accelerator.autocast()
+
+    def prepared(self, model: torch.nn.Module) -> None:
+        """Take over the output cast Accelerate put on the prepared ``model`` (none in full precision)."""
+        if self.mode in ("fp16", "bf16"):
+            self.output_cast = outputs.OutputCast.take_over(model)
+
+    def unobserved_loss(self, forward: Callable[[], Any], extract: Callable[[Any], Any]) -> Any:
+        """``extract(forward())``, the loss of a forward whose other outputs nobody sees: without the float32 cast
+        of every output (a pass over the logits a hand-written loop does not make), the loss cast alone."""
+        if self.output_cast is None:
+            return extract(forward())
+        return outputs.float32_loss(extract(self.output_cast.unobserved(forward)))
+
+    def as_prepared(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """An evaluation's context: the forward under autocast with float32 outputs, as a prepared model's (also
+        before training has prepared it, as the reference prepares it for evaluation); nothing in full precision."""
+        if self.mode not in ("fp16", "bf16"):
+            return contextlib.nullcontext()
+        return outputs.as_prepared(model, self._accelerator.autocast)
 
     def evaluation_copy(self, model: torch.nn.Module) -> torch.nn.Module | None:
         """A copy of ``model`` in ``eval_dtype`` for ``*_full_eval``; None when evaluation runs as trained.
