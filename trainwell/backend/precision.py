@@ -53,6 +53,10 @@ class Precision:
         self._scaler = accelerator.scaler
         self.mode: str = str(accelerator.mixed_precision)
         self.direct: bool = self._scaler is None and engine.direct_gradients
+        #: fp16 with an engine that adds nothing to backward and clipping: the grad scaler is called directly, as a
+        #: hand-written loop calls it (Accelerate's backward divides the loss by its accumulation steps, always 1
+        #: here: a kernel per micro-batch; its clipping with clipping off multiplies every gradient by 1.0)
+        self.scaled_direct: bool = self._scaler is not None and engine.direct_gradients
         #: only fp16 ever skips a step (an overflow: Accelerate's grad scaler, or an engine's own loss scaling)
         self.can_skip_steps: bool = self._scaler is not None or engine.skips_steps
         self._backward_kwargs = engine.backward_kwargs
@@ -107,6 +111,8 @@ class Precision:
         """Backpropagate ``loss`` (scaled first under fp16)."""
         if self.direct:
             loss.backward()
+        elif self.scaled_direct:
+            self._scaler.scale(loss).backward()
         else:
             self._accelerator.backward(loss, **self._backward_kwargs)
 
@@ -117,7 +123,9 @@ class Precision:
         never multiplies every gradient by 1.0 as ``clip_grad_norm_`` would: a pass over the gradients that a
         hand-written loop does not make.
         """
-        if self.direct:
+        if self.scaled_direct:
+            self._accelerator.unscale_gradients()  # the optimizer's step then uses the unscaled gradients as they are
+        if self.direct or self.scaled_direct:
             if math.isinf(max_norm):
                 return torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
             return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
