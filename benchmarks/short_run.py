@@ -21,6 +21,7 @@ extra: what does not grow with the steps. The N largest by cumulative time are p
 
     python benchmarks/short_run.py [--model mlp|linear] [--steps 64] [--repeats 15] [--explain 30 [--runner NAME]]
     python benchmarks/short_run.py --smoke    # 8 steps, one run each: checks the script runs (the test suite does)
+    python benchmarks/short_run.py --markdown FILE   # also append rows to benchmarks/gpu_session.sh's table
 """
 
 from __future__ import annotations
@@ -76,6 +77,23 @@ def report(results: dict[str, list[dict[str, float]]], cli: argparse.Namespace) 
     return lines
 
 
+def markdown_rows(results: dict[str, list[dict[str, float]]], cli: argparse.Namespace) -> str:
+    """Rows for ``benchmarks/gpu_session.sh``'s table (the columns of ``gpu.MARKDOWN_HEADER``): each framework's
+    whole run and time to the first step against the loop's, in CPU time."""
+    med = {n: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for n, runs in results.items()}
+    base, rows = med["loop"], ""
+    for name, m in med.items():
+        if name == "loop":
+            continue
+        total = m["total_cpu_ms"] / base["total_cpu_ms"]
+        first = m["to_first_cpu_ms"] / base["to_first_cpu_ms"]
+        rows += (f"| CPU | short run, {cli.model}, {cli.steps} steps: {name} | | {total:.3f}x vs loop (whole run) | "
+                 f"| | | whole run {m['total_cpu_ms']:.1f} ms vs {base['total_cpu_ms']:.1f}; to the first step "
+                 f"{m['to_first_cpu_ms']:.2f} ms vs {base['to_first_cpu_ms']:.2f} ({first:.2f}x); process CPU time, "
+                 f"medians of {cli.repeats} |\n")
+    return rows
+
+
 def fixed_cost(run, steps: int, reps: int = 5) -> dict[tuple, tuple[float, float, float]]:
     """Per function (cProfile key): (calls, own seconds, cumulative seconds) of a ``steps`` run that do not grow
     with the steps: the short run's minus half the extra of a run twice as long (process CPU time)."""
@@ -112,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runner", default="trainwell", help="whose fixed cost --explain lists (loop, trainwell, "
                         "or the reference's name as printed)")
     parser.add_argument("--smoke", action="store_true", help="8 steps, one run each")
+    parser.add_argument("--markdown", metavar="FILE", help="append rows to this markdown table (gpu_session.sh)")
     cli = parser.parse_args(argv)
     if cli.smoke:
         cli.steps, cli.repeats = 8, 1
@@ -120,7 +139,11 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)  # as overhead.py: a busy core would stall every intra-op barrier
     logging.disable(logging.WARNING)
     found = runners(cli.model)
-    print("\n".join(report(measure(found, cli.steps, cli.repeats), cli)), flush=True)
+    results = measure(found, cli.steps, cli.repeats)
+    print("\n".join(report(results, cli)), flush=True)
+    if cli.markdown:
+        with open(cli.markdown, "a") as fh:
+            fh.write(markdown_rows(results, cli))
     if cli.explain:
         if cli.runner not in found:
             parser.error(f"--runner {cli.runner!r}: choose from {sorted(found)}")
