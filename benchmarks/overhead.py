@@ -116,6 +116,8 @@ class Marks:
             out[f"setup_{clock}_ms"] = 1e3 * (t["begin"][i] - t["start"][i])
             out[f"first_{clock}_ms"] = 1e3 * (t["step 1"][i] - t["begin"][i])
             out[f"finish_{clock}_ms"] = 1e3 * (t["end"][i] - t[f"step {steps}"][i])
+            out[f"to_first_{clock}_ms"] = 1e3 * (t["step 1"][i] - t["start"][i])  # construction to step 1's end
+            out[f"total_{clock}_ms"] = 1e3 * (t["end"][i] - t["start"][i])
         out["block"] = self.block
         return out
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainwell.args.launcher import accelerate_cpu, launched_processes
+from trainwell.args.launcher import accelerate_cpu, launched_processes, under_a_launcher
 from trainwell.backend.data_parallel import DataParallel
 from trainwell.backend.deepspeed import DeepSpeed
 from trainwell.backend.engine import Engine
@@ -173,6 +173,10 @@ def _kwargs_handlers(args: Any) -> list[Any]:
     ddp_kwargs = {k: v for k, v in ddp_kwargs.items() if v is not None}
     if ddp_kwargs:
         handlers.append(DistributedDataParallelKwargs(**ddp_kwargs))
+    # The process group's settings, where one can be created: Accelerate reads them (at a cost: it builds a default
+    # handler to compare with, clearing and restoring os.environ, ~0.1 ms) even in a lone process that has none.
+    if args.ddp_backend is None and not (under_a_launcher() or args.deepspeed or args.fsdp):
+        return handlers
     pg_kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=args.ddp_timeout)}
     if args.ddp_backend is not None:
         pg_kwargs["backend"] = args.ddp_backend

@@ -128,6 +128,7 @@ class Runtime:
         if self._prepared is not None and optimizer is self._prepared[1]:
             return self._prepared[0], optimizer, scheduler  # a later train() call with the same model and optimizer
         model, optimizer, scheduler = self.engine.prepare(model, optimizer, scheduler, num_training_steps)
+        self.precision.prepared(model)
         self._prepared = (model, optimizer)
         return model, optimizer, scheduler
 

@@ -120,7 +120,9 @@ def apply_log_level(args: Any) -> None:
     (``args.should_log``), else ``log_level_replica``; ``"passive"`` keeps the library's verbosity (the
     application's choice stands, or ``transformers``' when a script raised it). The Trainer calls this once,
     when it is built (``trainwell.wiring.set_up_process``)."""
-    logging.getLogger("trainwell").setLevel(args.get_process_log_level())
+    ours, level = logging.getLogger("trainwell"), args.get_process_log_level()
+    if ours.level != level:  # setLevel clears the cache of every logger of the process, even to the same level
+        ours.setLevel(level)
 
 
 def _format_duration(seconds: float) -> str:

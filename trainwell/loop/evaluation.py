@@ -102,11 +102,12 @@ def evaluation_loop(
         hooks.optimizer.eval()  # schedule-free optimizers evaluate with their averaged weights
     hooks.callback_handler.eval_dataloader = dataloader
     run = _EvalRun(hooks, dataloader, description, prediction_loss_only)
-    # Under fp16/bf16 the forward runs in the autocast it trains in, also before training, when Accelerate has
-    # not wrapped the model's forward yet (as the reference, which prepares the model for evaluation). A
-    # *_full_eval copy already has its dtype.
+    # Under fp16/bf16 the forward runs in the autocast it trains in and returns float32 outputs, also before
+    # training, when Accelerate has not wrapped the model's forward yet (as the reference, which prepares the model
+    # for evaluation): compute_loss overrides and compute_loss_func see what they see in training. A *_full_eval
+    # copy already has its dtype.
     as_trained = hooks.precision.eval_dtype is None
-    with hooks.precision.autocast() if as_trained else contextlib.nullcontext():
+    with hooks.precision.as_prepared(model) if as_trained else contextlib.nullcontext():
         for step, (item, is_last) in enumerate(_with_last(dataloader)):
             HEART.beats += 1  # step_timeout's progress counter
             run.step(model, step, item, is_last, ignore_keys)
