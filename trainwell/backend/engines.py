@@ -24,7 +24,7 @@ from trainwell.backend.data_parallel import DataParallel
 from trainwell.backend.deepspeed import DeepSpeed
 from trainwell.backend.engine import Engine
 from trainwell.backend.fsdp import FSDP2
-from trainwell.backend.precision import check_precision_supported
+from trainwell.backend.precision import note_cpu_fp16
 from trainwell.backend.tensor_parallel import TensorParallel
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def build_accelerator(args: Any, model: Any = None) -> Any:
     _forget_earlier_engines(args)
     acc_cfg = _accelerator_config_dict(args)
     mixed_precision = getattr(args, "mixed_precision", None) or _precision_from_flags(args)
-    check_precision_supported(mixed_precision, args.device)
+    note_cpu_fp16(mixed_precision, args.device)
     dl_config = DataLoaderConfiguration(
         split_batches=acc_cfg.get("split_batches", False),
         dispatch_batches=acc_cfg.get("dispatch_batches"),
