@@ -147,6 +147,19 @@ class Runtime:
         # a sampler that already yields this rank's micro-batches must not be sharded again (batch_rebalance)
         return keep_rank_batches(self.accelerator.prepare_data_loader(dataloader), dataloader.batch_sampler)
 
+    @staticmethod
+    def skip_first_batches(dataloader: Any, num_batches: int) -> Any | None:
+        """A loader that starts ``num_batches`` batches into ``dataloader``'s pass, as the reference resumes one
+        (Accelerate's ``skip_first_batches``: the batch sampler skips their indices, nothing is loaded), or None
+        when ``dataloader`` reads iterable data (no indices to skip: its batches must be read to pass them)."""
+        from torch.utils.data import DataLoader, IterableDataset
+
+        if not isinstance(dataloader, DataLoader) or isinstance(dataloader.dataset, IterableDataset):
+            return None
+        from accelerate.data_loader import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches)
+
     def compiled(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` compiled as training compiles it (one wrapper per model, kept), or ``model`` itself.
 

@@ -82,6 +82,10 @@ class EpochIterator:
             skip = 0
         if resuming_here and self.replay and feed.sampler is None and not restored and not self.plan.sized:
             self._replay_earlier_passes(epoch)
+        if skip and feed.sampler is None:
+            skipping = self.hooks.runtime.skip_first_batches(loader, skip)  # a loader built by a subclass
+            if skipping is not None:
+                loader, skip = skipping, 0
         if feed.sampler is not None:
             feed.sampler.set_epoch(epoch)
         if feed.generator is not None and resuming_here:
@@ -93,6 +97,11 @@ class EpochIterator:
         target = loader if hasattr(loader, "set_epoch") else feed.dataset
         if hasattr(target, "set_epoch") and target is not feed.sampler:
             target.set_epoch(epoch)
+        # Nor do they forward it to a batch sampler they wrapped (to shard it, or to skip into it): the reference
+        # reaches it, so a subclass's epoch-seeded batch sampler (sentence-transformers') draws each epoch anew.
+        wrapped = getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None)
+        if hasattr(wrapped, "set_epoch") and wrapped is not feed.sampler:
+            wrapped.set_epoch(epoch)
         if skip and feed.sampler is not None:
             feed.sampler.skip(skip * feed.indices_per_batch)
             return self._read_ahead(iter(loader))
