@@ -8,8 +8,9 @@ position of a stateful ``IterableDataset`` (``trainwell.data.position``). They t
 
 ``Trainer.get_train_dataloader()`` returns only the loader (the reference's contract, which subclasses
 override); the feed is attached to that loader object, and :meth:`TrainFeed.of` finds it again. A loader built
-elsewhere (an override) gets a plain feed: its epochs are started with ``set_epoch`` where it has one, and a
-resume replays the consumed batches. Walking epochs is ``trainwell.loop.epochs``.
+elsewhere (an override) gets a plain feed: its epochs are started with ``set_epoch`` as the reference's are, and a
+resume skips its consumed batches at its batch sampler (map-style data) or replays them (iterable data). Walking
+epochs is ``trainwell.loop.epochs``.
 """
 
 from __future__ import annotations

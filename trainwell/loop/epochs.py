@@ -5,7 +5,8 @@ loader as the reference's is seeded: ``TrainFeed.start_epoch``), skipping what a
 consumed, and cutting the epoch's micro-batches into accumulation windows (``StepPlan.window_size``).
 Skipping is as cheap as the data allows:
 
-* map-style data skips at the sampler: nothing is loaded or collated to skip it;
+* map-style data skips at the sampler: nothing is loaded or collated to skip it (in a loader a subclass built,
+  at its batch sampler, as the reference does: ``Runtime.skip_first_batches``);
 * a stateful ``IterableDataset`` (``state_dict``/``load_state_dict``) is set to its saved position;
 * any other iterable data is replayed: the consumed batches are read again and dropped (documented cost);
   resuming in a later pass over a stream without ``set_epoch`` reads the earlier passes too, since its order
