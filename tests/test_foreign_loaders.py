@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 
 from tests.common.models import ClassificationDataset, DropoutMLP
 from trainwell import TrainerCallback
@@ -76,10 +76,11 @@ class StopAt(TrainerCallback):
 def run(lib, tmp_path, name: str, loader: str, resume: str | None = None, stop: int | None = None) -> dict:
     class OwnLoaderTrainer(lib.Trainer):
         def get_train_dataloader(self):
-            if loader == "shuffled":  # a torch RandomSampler with its own seeded generator, prepared
-                return self.accelerator.prepare(DataLoader(
-                    self.train_dataset, batch_size=BATCH, shuffle=True, collate_fn=self.data_collator,
-                    generator=torch.Generator().manual_seed(self.args.seed)))
+            if loader == "shuffled":  # sentence-transformers' kind: a seeded RandomSampler, the loader without a
+                # generator (each pass draws its worker seed from the global RNG, which dropout then continues)
+                sampler = RandomSampler(self.train_dataset, generator=torch.Generator().manual_seed(self.args.seed))
+                return self.accelerator.prepare(DataLoader(self.train_dataset, batch_size=BATCH, sampler=sampler,
+                                                           collate_fn=self.data_collator))
             return DataLoader(self.train_dataset, batch_sampler=Wrapped(EpochBatches(SAMPLES)),
                               collate_fn=self.data_collator)
 

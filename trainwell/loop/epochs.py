@@ -61,15 +61,23 @@ class EpochIterator:
         if resuming_here:
             if self._pending is not None and isinstance(batches, ReadAhead):
                 batches.reread(self._pending)  # the batch read ahead before the checkpoint, read the same way again
+            if self.consumed and self.feed.generator is None:
+                # A loader a subclass built draws its pass's worker seed from the global RNG as it starts: the
+                # reference reads the resumed window first and restores the RNG after (its ``rng_to_sync``).
+                return self._windows(batches, skip_windows, lambda: self.checkpointer.restore(Phase.RNG))
             self.checkpointer.restore(Phase.RNG)
             if self.consumed == 0 and self.feed.generator is not None:
                 draw_loader_seed()  # the epoch began after the saved state in the run that saved: draw as it did
         return self._windows(batches, skip_windows)
 
-    def _windows(self, batches: Iterator[Any], window: int) -> Iterator[list[Any]]:
+    def _windows(self, batches: Iterator[Any], window: int, after_first: Any = None) -> Iterator[list[Any]]:
+        """The windows from ``window`` on; ``after_first`` is called once the first one is read."""
         while True:
             size = self.plan.window_size(window)
             taken = [batch for _, batch in zip(range(size), batches)]
+            if after_first is not None:
+                after_first, call = None, after_first
+                call()
             if not taken:
                 return
             self.consumed += len(taken)
