@@ -27,7 +27,7 @@ STACK: list[tuple[str, list[str]]] = [
     # the reference's module paths and the package surfaces: they re-export from every layer
     ("compat surfaces", ["__init__", "integrations.__init__", "integrations.underneath", "trainer_utils",
                          "trainer_pt_utils", "trainer_callback", "optimization", "hf_argparser", "debug_utils",
-                         "patch"]),
+                         "patch", "utils.notebook"]),
     ("cli", ["cli", "examples", "__main__"]),
 ]
 

@@ -36,6 +36,7 @@ from trainwell.data import loaders
 from trainwell.data.train_loader import build_train_feed
 from trainwell.events.callback import TrainerCallback
 from trainwell.events.flow import DefaultFlowCallback
+from trainwell.events.notebook import NotebookProgressCallback, in_notebook
 from trainwell.events.progress import ProgressCallback
 from trainwell.integrations import hub
 from trainwell.loop import boundary, evaluation, losses
@@ -56,7 +57,9 @@ logger = logging.getLogger(__name__)
 
 #: the reference's default callbacks (trainwell adds trackers, the progress display and preemption as it runs)
 DEFAULT_CALLBACKS = [DefaultFlowCallback]
-DEFAULT_PROGRESS_CALLBACK = ProgressCallback
+#: the progress display unless ``disable_tqdm``: in a notebook (decided when this module is imported, as by the
+#: reference) the HTML bar and metrics table, else the console's; a script may set its own here before building
+DEFAULT_PROGRESS_CALLBACK = NotebookProgressCallback if in_notebook() else ProgressCallback
 
 
 class Trainer:
@@ -100,7 +103,7 @@ class Trainer:
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         checks.check_trainer_arguments(self)
-        self.callback_handler = wiring.callback_handler(self, callbacks)
+        self.callback_handler = wiring.callback_handler(self, callbacks, DEFAULT_PROGRESS_CALLBACK)
         output_lock.prepare(args.output_dir, args.should_save, self.is_world_process_zero())
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())

@@ -161,15 +161,16 @@ def default_collator(processing_class: Any) -> Callable:
     return default_data_collator
 
 
-def callback_handler(trainer: Any, user: list | None) -> CallbackHandler:
+def callback_handler(trainer: Any, user: list | None, progress: Any = None) -> CallbackHandler:
     """The handler of :func:`default_callbacks` and the user's ``callbacks``, handed the Trainer's parts."""
-    callbacks = default_callbacks(trainer.args, trainer.runtime, user)
+    callbacks = default_callbacks(trainer.args, trainer.runtime, user, progress)
     return CallbackHandler(callbacks, trainer.model, trainer.processing_class, trainer.optimizer,
                            trainer.lr_scheduler)
 
 
-def default_callbacks(args: Any, runtime: Any, user: list | None) -> list:
-    """Flow, trackers of ``report_to``, the user's callbacks, progress display, and preemption saves."""
+def default_callbacks(args: Any, runtime: Any, user: list | None, progress: Any = None) -> list:
+    """Flow, trackers of ``report_to``, the user's callbacks, progress display (``progress``, by default the
+    console's; plain log lines with ``disable_tqdm``), and preemption saves."""
     from trainwell.events.flow import DefaultFlowCallback
     from trainwell.events.progress import PrinterCallback, ProgressCallback
     from trainwell.integrations.registry import reporting_callbacks
@@ -178,7 +179,7 @@ def default_callbacks(args: Any, runtime: Any, user: list | None) -> list:
     callbacks: list[Any] = [DefaultFlowCallback]
     callbacks += reporting_callbacks(args.report_to)
     callbacks += user
-    callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
+    callbacks.append(PrinterCallback if args.disable_tqdm else progress or ProgressCallback)
     if args.enable_jit_checkpoint:
         from trainwell.checkpoint.preemption import JITCheckpointCallback
 
