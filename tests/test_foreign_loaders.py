@@ -1,5 +1,6 @@
 """A training loader that a subclass builds itself (``get_train_dataloader`` overridden, as sentence-transformers
-does): the reference's sample order in every epoch, and a resume that continues it without loading what it skips.
+does), or a sampler it returns from ``_get_train_sampler`` (torch's, or TRL's): the reference's sample order in every
+epoch, and a resume that continues it without loading what it skips.
 
 The reference's Accelerator swaps a loader's torch ``RandomSampler`` for its seedable sampler, which ``set_epoch``
 reseeds with seed + epoch, and its epoch loop reaches a batch sampler that Accelerate wrapped; on a resume it skips
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from tests.common.models import ClassificationDataset, DropoutMLP
 from trainwell import TrainerCallback
@@ -75,7 +76,17 @@ class StopAt(TrainerCallback):
 
 def run(lib, tmp_path, name: str, loader: str, resume: str | None = None, stop: int | None = None) -> dict:
     class OwnLoaderTrainer(lib.Trainer):
+        def _get_train_sampler(self, train_dataset=None):
+            dataset = train_dataset if train_dataset is not None else self.train_dataset
+            if loader == "random-sampler":
+                return RandomSampler(dataset)
+            if loader == "sequential-sampler":
+                return SequentialSampler(dataset)
+            return super()._get_train_sampler(train_dataset)
+
         def get_train_dataloader(self):
+            if loader.endswith("-sampler"):
+                return super().get_train_dataloader()
             if loader == "shuffled":  # sentence-transformers' kind: a seeded RandomSampler, the loader without a
                 # generator (each pass draws its worker seed from the global RNG, which dropout then continues)
                 sampler = RandomSampler(self.train_dataset, generator=torch.Generator().manual_seed(self.args.seed))
@@ -136,3 +147,14 @@ def test_an_epoch_seeded_batch_sampler_wrapped_in_another_gets_each_epoch_as_on_
     mine, theirs = (run(lib, tmp_path, lib.__name__, "wrapped") for lib in (trainwell, transformers))
     assert mine["order"][:6] != mine["order"][6:12]
     assert_same_run(mine, theirs)
+
+
+@pytest.mark.parametrize("sampler", ["random-sampler", "sequential-sampler"])
+def test_a_torch_sampler_from_get_train_sampler_gives_the_references_order_and_resumes(sampler, tmp_path):
+    """Not trainwell's resumable sampler (no skip(), maybe no set_epoch()): the reference's loader for it."""
+    mine, theirs = (run(lib, tmp_path, lib.__name__, sampler) for lib in (trainwell, transformers))
+    assert_same_run(mine, theirs)
+    run(trainwell, tmp_path, "run", sampler, stop=8)
+    resumed = run(trainwell, tmp_path, "run", sampler, resume=str(tmp_path / "run" / "checkpoint-8"))
+    assert resumed["order"] == mine["order"][8:] and resumed["losses"] == mine["losses"]
+    assert all(torch.equal(a, b) for a, b in zip(resumed["weights"], mine["weights"], strict=True))

@@ -131,13 +131,15 @@ class Runtime:
         self._prepared = (model, optimizer)
         return model, optimizer, scheduler
 
-    def prepare_dataloader(self, dataloader: Any) -> Any:
+    def prepare_dataloader(self, dataloader: Any, as_reference: bool = False) -> Any:
         """Shard across processes and place batches on the device.
 
         A single process on the CPU gets the loader back untouched: there is nothing to shard or move, and the
-        wrapper costs a recursive device copy per batch that the per-step overhead budget cannot afford.
+        wrapper costs a recursive device copy per batch that the per-step overhead budget cannot afford. With
+        ``as_reference`` it is prepared by Accelerate there too, as the reference prepares every loader (for a
+        sampler that is not trainwell's, whose order Accelerate's seedable sampler then decides).
         """
-        if not self.distributed and self.device.type == "cpu":
+        if not self.distributed and self.device.type == "cpu" and not as_reference:
             if getattr(dataloader, "batch_size", None) is not None:
                 # what Accelerate's loaders carry and scripts read: the batch over all processes
                 dataloader.total_batch_size = dataloader.batch_size
