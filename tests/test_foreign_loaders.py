@@ -158,3 +158,51 @@ def test_a_torch_sampler_from_get_train_sampler_gives_the_references_order_and_r
     resumed = run(trainwell, tmp_path, "run", sampler, resume=str(tmp_path / "run" / "checkpoint-8"))
     assert resumed["order"] == mine["order"][8:] and resumed["losses"] == mine["losses"]
     assert all(torch.equal(a, b) for a, b in zip(resumed["weights"], mine["weights"], strict=True))
+
+
+class Reversed(torch.utils.data.Sampler):
+    def __init__(self, dataset) -> None:
+        self.n = len(dataset)
+
+    def __iter__(self):
+        return iter(range(self.n - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_the_references_get_dataloader_and_get_eval_sampler_as_trls_grpo_uses_them(tmp_path):
+    """TRL's GRPO and RLOO trainers build their loaders with the reference's ``_get_dataloader`` (a larger batch,
+    their own samplers from ``_get_train_sampler`` / ``_get_eval_sampler``): same batches and predictions."""
+
+    def run_with(lib):
+        class GenerationBatches(lib.Trainer):
+            def get_train_dataloader(self):
+                return self._get_dataloader(dataset=self.train_dataset, description="Training",
+                                            batch_size=self._train_batch_size * 2, sampler_fn=self._get_train_sampler,
+                                            is_training=True)
+
+            def _get_train_sampler(self, dataset=None):
+                return RandomSampler(dataset, generator=torch.Generator().manual_seed(self.args.seed))
+
+            def _get_eval_sampler(self, eval_dataset):
+                return Reversed(eval_dataset)
+
+            def compute_loss(self, model, inputs, *args, **kwargs):
+                if model.training:
+                    self.order.append(inputs["x"][:, 0].tolist())
+                return super().compute_loss(model, inputs, *args, **kwargs)
+
+        lib.set_seed(0)
+        args = lib.TrainingArguments(str(tmp_path / lib.__name__), report_to="none", use_cpu=True, disable_tqdm=True,
+                                     num_train_epochs=2, per_device_train_batch_size=8, save_strategy="no", seed=0,
+                                     per_device_eval_batch_size=5)
+        trainer = GenerationBatches(model=DropoutMLP(), args=args, train_dataset=CountingData(),
+                                    eval_dataset=ClassificationDataset(n=12, seed=1))
+        trainer.order = []
+        trainer.train()
+        return trainer.order, trainer.predict(ClassificationDataset(n=12, seed=1)).predictions
+
+    (mine, my_predictions), (theirs, their_predictions) = run_with(trainwell), run_with(transformers)
+    assert len(mine) == 2 * SAMPLES // 16 and mine == theirs
+    assert my_predictions.tolist() == their_predictions.tolist()  # in the reversed order the sampler gave

@@ -335,10 +335,24 @@ class Trainer:
         """The training loader: seeded resumable sampler, collator, worker seeding; prepared by the runtime."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset: pass it to the Trainer.")
-        dataset, collator = loaders.without_unused_columns(self.train_dataset, self.data_collator, self._columns())
-        feed = build_train_feed(dataset, collator, self._get_train_sampler(dataset), self.args, self.runtime,
-                                self._train_batch_size)
-        return feed.loader
+        return self._get_dataloader(self.train_dataset, "Training", self._train_batch_size, self._get_train_sampler,
+                                    is_training=True)
+
+    def _get_dataloader(self, dataset: Any, description: str, batch_size: int, sampler_fn: Any = None,
+                        is_training: bool = False, dataloader_key: str | None = None) -> Any:
+        """A loader over ``dataset`` with the columns the model does not take removed, as the reference's method
+        (TRL's GRPO and RLOO trainers call it from their ``get_*_dataloader``): for training with its resumable
+        parts (``build_train_feed``), else in trainwell's evaluation order unless ``sampler_fn`` returns a sampler.
+        ``dataloader_key``: with persistent workers, kept in ``_eval_dataloaders`` under it."""
+        if not is_training:
+            loader = self._eval_loaders.get(dataset, self.data_collator, self._columns(), self.args, self.runtime,
+                                            batch_size, sampler_fn)
+            if dataloader_key is not None and self.args.dataloader_persistent_workers:
+                self._eval_dataloaders[dataloader_key] = loader
+            return loader
+        dataset, collator = loaders.without_unused_columns(dataset, self.data_collator, self._columns())
+        sampler = None if sampler_fn is None or loaders.is_iterable(dataset) else sampler_fn(dataset)
+        return build_train_feed(dataset, collator, sampler, self.args, self.runtime, batch_size).loader
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Any:
         dataset = train_dataset if train_dataset is not None else self.train_dataset
@@ -361,10 +375,17 @@ class Trainer:
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         """The evaluation loader (dataset order); ``eval_dataset`` may be a dataset or a key of a dict of them."""
         dataset = loaders.pick_eval_dataset(eval_dataset, self.eval_dataset)
-        return self._eval_loaders.get(dataset, self.data_collator, self._columns(), self.args, self.runtime)
+        key = eval_dataset if isinstance(eval_dataset, str) else "eval"
+        return self._get_dataloader(dataset, "Evaluation", self.args.eval_batch_size, self._get_eval_sampler,
+                                    dataloader_key=key)
 
     def get_test_dataloader(self, test_dataset: Any) -> Any:
-        return self._eval_loaders.get(test_dataset, self.data_collator, self._columns(), self.args, self.runtime)
+        return self._get_dataloader(test_dataset, "test", self.args.eval_batch_size, self._get_eval_sampler)
+
+    def _get_eval_sampler(self, eval_dataset: Any) -> Any:
+        """None: evaluation reads the dataset in order (sharded without duplicates across processes). A subclass may
+        return a sampler of its own (TRL's GRPO does); the loader is then built with it, as the reference's."""
+        return None
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:

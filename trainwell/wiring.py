@@ -235,6 +235,7 @@ def set_run_attributes(trainer: Any) -> None:
     ``micro_batch_loss_scale``, ``training_run``...: ``trainwell.hooks`` lists them) and the Trainer's own."""
     trainer._train_batch_size = trainer.args.train_batch_size  # a search trial or a batch-size search changes it
     trainer._eval_loaders = loaders.EvalLoaders()
+    trainer._eval_dataloaders = {}  # the reference's: _get_dataloader(dataloader_key=...) keeps loaders here
     trainer._created_lr_scheduler = False  # True once create_scheduler built one (rebuilt for the next train())
     trainer.current_flos = 0
     trainer.current_gradient_accumulation_steps = 1
