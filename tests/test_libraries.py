@@ -134,7 +134,10 @@ def test_a_peft_model_reloads_the_same_best_adapter_as_the_reference_when_the_be
 # script -> (model, dataset, its own flags)
 TRL_SCRIPTS = {"sft": ("lm", "text", []), "dpo": ("lm", "prefs", []),
                "reward": ("rm", "pairs", ["--lora_task_type", "SEQ_CLS"])}
-TRL_FLAGS = ["--max_steps", "6", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
+# two micro-batches of 2 per step: the scripts' losses go through gradient accumulation (num_items_in_batch, and
+# loss_is_scaled_for_ga=False for DPO and reward)
+TRL_FLAGS = ["--max_steps", "6", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
+             "--per_device_eval_batch_size", "4",
              "--logging_steps", "1", "--save_steps", "3", "--eval_strategy", "steps", "--eval_steps", "3",
              "--learning_rate", "1e-3", "--report_to", "none", "--seed", "0", "--use_cpu", "--disable_tqdm", "true",
              # TRL's configs default to bf16 (slow on a CPU) and gradient checkpointing
