@@ -174,10 +174,15 @@ class Trainer:
         self.create_optimizer()
         self.create_scheduler(num_training_steps=num_training_steps, optimizer=self.optimizer)
 
-    def create_optimizer(self) -> torch.optim.Optimizer:
-        """Build the optimizer from ``optim`` (or ``optimizer_cls_and_kwargs``) with weight-decay groups."""
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """Build the optimizer of ``model`` (default: the Trainer's) from ``optim`` (or ``optimizer_cls_and_kwargs``)
+        with weight-decay groups, through ``get_optimizer_cls_and_kwargs`` and ``get_decay_parameter_names``, so a
+        subclass's override of either counts (sentence-transformers' adds the parameters of its loss modules)."""
         if self.optimizer is None:
-            self.optimizer = registry.create_optimizer(self.model, self.args, self.optimizer_cls_and_kwargs)
+            target = self.model if model is None else model
+            chosen = self.optimizer_cls_and_kwargs or self.get_optimizer_cls_and_kwargs(self.args, target)
+            self.optimizer = registry.create_optimizer(target, self.args, chosen,
+                                                       self.get_decay_parameter_names(target))
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
