@@ -114,12 +114,22 @@ def test_trl_dpo_trainer_runs_on_trainwell_like_on_the_reference(tmp_path):
 
 def test_sentence_transformers_trains_three_epochs_in_the_references_order_and_resumes_it(tmp_path):
     """sentence-transformers' trainer returns its own prepared loader: each epoch reshuffles by seed + epoch as on
-    the reference, and a resume in the second epoch continues that order (dropout on: the RNG continues too)."""
+    the reference, and a resume in the second epoch continues that order (dropout on: the RNG continues too).
+
+    Its SoftmaxLoss trains a classifier that sentence-transformers does not checkpoint, so a resumed run, on either
+    backend, continues with a fresh classifier: trainwell's resumed run is compared with the reference's."""
     pytest.importorskip("sentence_transformers")
     _, ours = _compare(tmp_path, "sentence-transformers")
     epochs = [ours["order"][i:i + 3] for i in (0, 3, 6)]
     assert len(ours["order"]) == 9 and len({tuple(e) for e in epochs}) == 3  # a new order in each epoch
-    _resumes(tmp_path, "sentence-transformers", ours, "checkpoint-4")  # one step into the second epoch
+    checkpoint = "checkpoint-4"  # one step into the second epoch
+    _parallel(tmp_path, {f"{name}-resumed": _script(tmp_path, "sentence-transformers", backend, f"{name}-resumed",
+                                                    "--resume", str(tmp_path / name / checkpoint))
+                         for name, backend in (("reference", "transformers"), ("trainwell", "trainwell"))})
+    resumed, reference = _result(tmp_path, "trainwell-resumed"), _result(tmp_path, "reference-resumed")
+    assert resumed["order"] == ours["order"][4:]
+    for key in ("order", "losses", "eval_losses", "weights", "global_step"):
+        assert resumed[key] == reference[key], key
 
 
 def test_a_peft_model_reloads_the_same_best_adapter_as_the_reference_when_the_best_is_not_the_last(tmp_path):

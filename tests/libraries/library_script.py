@@ -109,7 +109,8 @@ def dpo() -> object:
 
 def sentence_transformers() -> object:
     """Three epochs of 3 steps (dropout on): a new sample order each epoch, as the reference's seedable sampler draws
-    it through the trainer's own prepared loader; checkpoint-4 lies in the second epoch."""
+    it through the trainer's own prepared loader; checkpoint-4 lies in the second epoch. The loss's own classifier
+    trains too (sentence-transformers' get_optimizer_cls_and_kwargs)."""
     from sentence_transformers import (
         SentenceTransformer,
         SentenceTransformerTrainer,
@@ -128,13 +129,15 @@ def sentence_transformers() -> object:
     transformers.BertModel(config).save_pretrained(folder)
     generator = torch.Generator().manual_seed(0)
     data = Dataset.from_dict({"sentence1": sentences(generator, 24, 5), "sentence2": sentences(generator, 24, 5),
-                              "score": torch.rand(24, generator=generator).tolist()})
+                              "label": torch.randint(0, 3, (24,), generator=generator).tolist()})
     torch.manual_seed(0)
     model = SentenceTransformer(modules=[models.Transformer(folder), models.Pooling(16)], device="cpu")
     settings = {**COMMON, "max_steps": -1, "num_train_epochs": 3, "per_device_train_batch_size": 8, "save_steps": 4}
+    # SoftmaxLoss (its NLI examples' loss) trains a classifier of its own: the trainer's get_optimizer_cls_and_kwargs
+    # override hands those weights to the optimizer
     return SentenceTransformerTrainer(model=model, args=SentenceTransformerTrainingArguments(**settings),
                                       train_dataset=data, eval_dataset=data.select(range(8)),
-                                      loss=losses.CosineSimilarityLoss(model))
+                                      loss=losses.SoftmaxLoss(model, sentence_embedding_dimension=16, num_labels=3))
 
 
 def peft() -> object:
