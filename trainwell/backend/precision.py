@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -28,15 +30,24 @@ from trainwell.backend import outputs
 if TYPE_CHECKING:
     from trainwell.backend.engine import Engine
 
+logger = logging.getLogger(__name__)
 
-def check_precision_supported(mode: str, device: Any) -> None:
-    """fp16 on a CPU is an error: Accelerate would report fp16 and silently train in float32 there."""
+
+def note_cpu_fp16(mode: str, device: Any) -> None:
+    """fp16 on a CPU trains in float32, as on the reference (Accelerate runs neither fp16 autocast nor a grad scaler
+    there): said once per process, so 45 example scripts that set ``fp16=True`` run on a laptop, and nobody thinks
+    their CPU run was in half precision."""
     if mode == "fp16" and getattr(device, "type", device) == "cpu":
-        raise ValueError(
-            "fp16=True (mixed_precision='fp16') on a CPU: Accelerate runs neither fp16 autocast nor a grad scaler "
-            "on the CPU, so training would silently stay in float32. Use bf16=True (CPU autocast runs bfloat16), "
-            "or train on a GPU."
-        )
+        _say_fp16_does_nothing_on_a_cpu()
+
+
+@functools.cache
+def _say_fp16_does_nothing_on_a_cpu() -> None:
+    logger.warning(
+        "fp16=True (mixed_precision='fp16') does nothing on a CPU: there is no fp16 autocast or grad scaler there, so "
+        "this run trains in float32, as the reference does. Use bf16=True for mixed precision on a CPU, or train on "
+        "a GPU."
+    )
 
 
 class Precision:

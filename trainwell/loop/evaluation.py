@@ -24,7 +24,6 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from trainwell.backend.stall import HEART
@@ -254,7 +253,6 @@ class _EvalRun:
             metrics = checked_metrics(trainer.compute_metrics(prediction), trainer.compute_metrics)
         metrics = to_python(dict(metrics))
         if losses is not None and len(losses):
-            losses = np.asarray(losses, dtype=np.float64).tolist()
             metrics[f"{prefix}_loss"] = finite_mean(losses, args.logging_nan_inf_filter)
         dataset = getattr(self.dataloader, "dataset", None)
         num_samples = len(dataset) if has_length(dataset) else self.observed
