@@ -1,6 +1,11 @@
-"""The models and data of ``benchmarks/gpu.py``: a GPT-2-shaped model in plain PyTorch, the same shape as a
-``transformers`` GPT2LMHeadModel, the QLoRA recipe's 4-bit Llama, and random token ids. Every builder seeds
-itself, so all runs of one model start from the same weights."""
+"""The models and data of ``benchmarks/gpu.py``: a GPT-2-shaped model and a Llama-shaped one in plain PyTorch, the
+GPT-2 shape as a ``transformers`` GPT2LMHeadModel, the QLoRA recipe's 4-bit Llama, and random token ids. Every
+builder seeds itself, so all runs of one model start from the same weights.
+
+Sizes (``SIZES``): ``gpt2-small`` (124M parameters), ``llama-1b`` (the shape of Llama 3.2 1B: 16 layers, width
+2,048, 32 heads sharing 8 key/value heads, SwiGLU 8,192, vocabulary 128,256, tied embeddings; 1.24B parameters; a
+size people fine-tune, which fits one 80 GB GPU under FSDP2 with activation checkpointing, ZeRO-3 and QLoRA), and
+``tiny`` / ``llama-tiny``, the same code at a size a CPU runs in seconds."""
 
 from __future__ import annotations
 
@@ -14,7 +19,20 @@ from torch.utils.data import Dataset
 SIZES = {
     "gpt2-small": dict(layers=12, width=768, heads=12, vocab=50257, seq=1024),
     "tiny": dict(layers=2, width=64, heads=4, vocab=512, seq=64),
+    "llama-1b": dict(arch="llama", layers=16, width=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, seq=1024),
+    "llama-tiny": dict(arch="llama", layers=2, width=64, heads=4, kv_heads=2, ffn=128, vocab=512, seq=64),
 }
+#: the class of a model's repeated block, per architecture: what FSDP2 shards (and checkpoints) one by one
+BLOCKS = {"gpt": "Block", "llama": "LlamaBlock"}
+
+
+def arch(size: dict) -> str:
+    return size.get("arch", "gpt")
+
+
+def _shape(size: dict) -> dict:
+    """The keyword arguments of the size's plain-PyTorch model."""
+    return {k: v for k, v in size.items() if k != "arch"}
 
 
 class Block(nn.Module):
@@ -60,6 +78,79 @@ class GPT(nn.Module):
         return out
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, width: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(width)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm (RMSNorm) attention with rotary positions and grouped key/values, then a SwiGLU MLP; no biases."""
+
+    def __init__(self, width: int, heads: int, kv_heads: int, ffn: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head = heads, kv_heads, width // heads
+        self.norm1, self.norm2 = RMSNorm(width), RMSNorm(width)
+        self.q = nn.Linear(width, width, bias=False)
+        self.kv = nn.Linear(width, 2 * kv_heads * self.head, bias=False)
+        self.o = nn.Linear(width, width, bias=False)
+        self.gate_up = nn.Linear(width, 2 * ffn, bias=False)
+        self.down = nn.Linear(ffn, width, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        h = self.norm1(x)
+        q = self.q(h).view(b, t, self.heads, self.head).transpose(1, 2)
+        k, v = self.kv(h).view(b, t, 2, self.kv_heads, self.head).permute(2, 0, 3, 1, 4)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # q is bf16 under autocast and under FSDP2's bf16 parameters
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o(att.transpose(1, 2).reshape(b, t, c))
+        gate, up = self.gate_up(self.norm2(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    """Llama's shape: token embeddings, rotary positions, RMSNorm/SwiGLU blocks, an output head tied to the
+    embedding (as Llama 3.2 1B)."""
+
+    def __init__(self, layers: int, width: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(LlamaBlock(width, heads, kv_heads, ffn) for _ in range(layers))
+        self.norm = RMSNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tok.weight
+        head = width // heads
+        inv = 1.0 / (500000.0 ** (torch.arange(0, head, 2).float() / head))
+        angles = torch.outer(torch.arange(seq).float(), inv)
+        self.register_buffer("cos", torch.cat((angles, angles), -1).cos(), persistent=False)
+        self.register_buffer("sin", torch.cat((angles, angles), -1).sin(), persistent=False)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        t = input_ids.shape[1]
+        x = self.tok(input_ids)
+        for block in self.blocks:
+            x = block(x, self.cos[:t], self.sin[:t])
+        logits = self.head(self.norm(x))
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+        return out
+
+
 class Tokens(Dataset):
     def __init__(self, n: int, vocab: int, seq: int) -> None:
         self.ids = torch.randint(vocab, (n, seq), generator=torch.Generator().manual_seed(0))
@@ -72,11 +163,17 @@ class Tokens(Dataset):
 
 
 def build(size: dict, kind: str, device: str) -> nn.Module:
-    """``kind``: ``gpt`` (plain PyTorch, on the CPU: the runner places it), ``hf`` (GPT2LMHeadModel) or ``qlora``."""
+    """``kind``: ``gpt`` (the size's plain-PyTorch model, GPT-2's or Llama's shape, on the CPU: the runner places
+    it; a model of a billion parameters is built on ``device`` directly, where its initialization takes a fraction
+    of the time), ``hf`` (GPT2LMHeadModel) or ``qlora``."""
     if kind == "qlora":
         return _qlora_model(size, device)
     torch.manual_seed(0)
-    return _gpt2(size) if kind == "hf" else GPT(**size)
+    if kind == "hf":
+        return _gpt2(size)
+    where = device if arch(size) == "llama" and size["width"] >= 1024 else "cpu"
+    with torch.device(where):
+        return (Llama if arch(size) == "llama" else GPT)(**_shape(size))
 
 
 def parameters(size: dict, kind: str) -> int:
@@ -87,8 +184,10 @@ def parameters(size: dict, kind: str) -> int:
             import transformers
 
             model = transformers.LlamaForCausalLM(_llama_config(size))
+        elif kind == "hf":
+            model = _gpt2(size)
         else:
-            model = _gpt2(size) if kind == "hf" else GPT(**size)
+            model = (Llama if arch(size) == "llama" else GPT)(**_shape(size))
     return sum(p.numel() for p in model.parameters())
 
 
@@ -112,10 +211,12 @@ def _llama_config(size: dict) -> object:
         hidden_size=size["width"],
         num_hidden_layers=size["layers"],
         num_attention_heads=size["heads"],
-        num_key_value_heads=size["heads"],
-        intermediate_size=4 * size["width"],
+        num_key_value_heads=size.get("kv_heads", size["heads"]),
+        intermediate_size=size.get("ffn", 4 * size["width"]),
         vocab_size=size["vocab"],
         max_position_embeddings=size["seq"],
+        tie_word_embeddings=arch(size) == "llama",
+        rope_theta=500000.0,
     )
 
 
@@ -130,7 +231,12 @@ def _qlora_model(size: dict, device: str) -> nn.Module:
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
     )
     with tempfile.TemporaryDirectory() as folder:
-        transformers.LlamaForCausalLM(config).save_pretrained(folder)
+        # built on the GPU (a billion parameters initialize in a fraction of the CPU's time) and saved in bf16 (the
+        # compute dtype): half the bytes to write and read back
+        with torch.device(device):
+            full = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+        full.save_pretrained(folder)
+        del full
         base = transformers.LlamaForCausalLM.from_pretrained(
             folder, quantization_config=quantization, device_map={"": 0 if device == "cuda" else "cpu"}
         )

@@ -24,6 +24,7 @@ trainwell's difference from the loop.
 
     python benchmarks/overhead.py [--model linear|mlp] [--steps 5000] [--repeats 7] [--steady-from 1000]
     python benchmarks/overhead.py --quick      # a few hundred steps, one repeat: checks the script runs
+    python benchmarks/overhead.py --resilience # trainwell with its resilience arguments all off / all on
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ class Marks:
             out[f"setup_{clock}_ms"] = 1e3 * (t["begin"][i] - t["start"][i])
             out[f"first_{clock}_ms"] = 1e3 * (t["step 1"][i] - t["begin"][i])
             out[f"finish_{clock}_ms"] = 1e3 * (t["end"][i] - t[f"step {steps}"][i])
+            out[f"to_first_{clock}_ms"] = 1e3 * (t["step 1"][i] - t["start"][i])  # construction to step 1's end
+            out[f"total_{clock}_ms"] = 1e3 * (t["end"][i] - t["start"][i])
         out["block"] = self.block
         return out
 
@@ -148,7 +151,8 @@ def plain_loop(kind: str, steps: int, steady_from: int) -> dict[str, float]:
 
 
 def framework_loop(
-    kind: str, steps: int, steady_from: int, trainer_cls: type, args_cls: type, callback_cls: type
+    kind: str, steps: int, steady_from: int, trainer_cls: type, args_cls: type, callback_cls: type,
+    extra: dict | None = None,
 ) -> dict[str, float]:
     """One ``train()`` of ``trainer_cls``; a callback (two events) takes the timestamps."""
 
@@ -163,18 +167,10 @@ def framework_loop(
     model, data = Classifier(kind), Data(steps * BATCH)
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
         marks = Marks(steps, steady_from)
-        args = args_cls(
-            output_dir=out,
-            per_device_train_batch_size=BATCH,
-            num_train_epochs=1,
-            learning_rate=1e-3,
-            optim="adamw_torch_fused",
-            save_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            logging_steps=LOGGING_STEPS,
-            use_cpu=True,
-        )
+        settings = {"output_dir": out, "per_device_train_batch_size": BATCH, "num_train_epochs": 1,
+                    "learning_rate": 1e-3, "optim": "adamw_torch_fused", "save_strategy": "no", "report_to": "none",
+                    "disable_tqdm": True, "logging_steps": LOGGING_STEPS, "use_cpu": True}
+        args = args_cls(**{**settings, **(extra or {})})
         trainer = trainer_cls(
             model=model, args=args, train_dataset=data, data_collator=default_collate, callbacks=[Clock()]
         )
@@ -183,15 +179,28 @@ def framework_loop(
     return marks.split()
 
 
-def runners(kind: str) -> dict[str, Callable[[int, int], dict[str, float]]]:
+# --resilience: trainwell with its three resilience arguments off, as by default (skip_nonfinite_steps only) and all
+# on (docs/resilience.md; checkpoints are asked for, as rollback_on_spike needs them: only the last step's is saved,
+# in the finish time)
+RESILIENCE_OFF = {"skip_nonfinite_steps": False}
+RESILIENCE_ON = {"skip_nonfinite_steps": True, "rollback_on_spike": 5.0, "step_timeout": 600.0,
+                 "save_strategy": "steps", "save_steps": 10**9}
+
+
+def runners(kind: str, resilience: bool = False) -> dict[str, Callable[[int, int], dict[str, float]]]:
     import trainwell
 
-    found: dict[str, Callable[[int, int], dict[str, float]]] = {
-        "loop": lambda n, s: plain_loop(kind, n, s),
-        "trainwell": lambda n, s: framework_loop(
-            kind, n, s, trainwell.Trainer, trainwell.TrainingArguments, trainwell.TrainerCallback
-        ),
-    }
+    def trainwell_with(extra: dict | None) -> Callable[[int, int], dict[str, float]]:
+        return lambda n, s: framework_loop(kind, n, s, trainwell.Trainer, trainwell.TrainingArguments,
+                                           trainwell.TrainerCallback, extra)
+
+    found: dict[str, Callable[[int, int], dict[str, float]]] = {"loop": lambda n, s: plain_loop(kind, n, s)}
+    if resilience:
+        found["trainwell (all off)"] = trainwell_with(RESILIENCE_OFF)
+        found["trainwell (default)"] = trainwell_with(None)  # skip_nonfinite_steps only, the default
+        found["trainwell (all on)"] = trainwell_with(RESILIENCE_ON)
+        return found
+    found["trainwell"] = trainwell_with(None)
     try:
         import transformers
     except ImportError:
@@ -258,7 +267,7 @@ def report_calls(found: dict, cli: argparse.Namespace) -> None:
     for name, counts in calls.items():
         total = sum(counts.values())
         print(f"{name:<22}{total:>9.1f}{total / base:>8.3f}x{total - base:>+9.1f}")
-    if cli.explain:
+    if cli.explain and "trainwell" in calls:
         diff = Counter({k: calls["trainwell"][k] - calls["loop"][k] for k in calls["trainwell"] | calls["loop"]})
         print("\ntrainwell's calls per step minus the loop's, by function (largest first, then the loop's extra):")
         ranked = [item for item in diff.most_common() if abs(item[1]) >= 0.5]
@@ -274,6 +283,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="300 steps (steady from 100), one run each")
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (default 1: see below)")
+    parser.add_argument("--resilience", action="store_true",
+                        help="compare trainwell with skip_nonfinite_steps, rollback_on_spike and step_timeout all "
+                             "off, as by default and all on (no transformers runner)")
     parser.add_argument(
         "--explain",
         type=int,
@@ -290,7 +302,7 @@ def main() -> None:
     # every intra-op barrier (a step then measures the neighbours, not the framework).
     torch.set_num_threads(cli.threads)
     logging.disable(logging.WARNING)  # the trainers' INFO/WARNING lines would be timed too
-    found = runners(cli.model)
+    found = runners(cli.model, cli.resilience)
     for run in found.values():  # warm-up: imports, allocator, thread pools
         run(200 if not cli.quick else 20, 10)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in found}

@@ -6,9 +6,13 @@ cd "$(dirname "$0")/.."
 extras="${1:-}"
 
 # pip here warns about every configured local package folder that does not exist; keep the rest of its output.
+# setuptools adds a 12-line notice to every editable install ("Editable installation. Please be careful with
+# folders in your working directory with the same name as your package"): informational only, and it buried the
+# demo's first lines, so that one warning (matched by its first words) is filtered; pip's others still show.
 pip_install() {
   local status=0
-  .venv/bin/python -m pip install -q "$@" 2>&1 | grep -v "^WARNING: Location 'file:" || status=${PIPESTATUS[0]}
+  PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation" \
+    .venv/bin/python -m pip install -q "$@" 2>&1 | grep -v "^WARNING: Location 'file:" || status=${PIPESTATUS[0]}
   return "$status"
 }
 

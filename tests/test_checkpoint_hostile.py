@@ -208,8 +208,8 @@ def test_no_loader_in_the_package_can_unpickle_code():
 
 
 def _record_opens(monkeypatch, folder, record):
-    """Call ``record(path)`` for each file under ``folder`` opened through ``open`` or ``os.open`` (trainwell's
-    readers open a descriptor first, to refuse links and FIFOs)."""
+    """Call ``record(path)`` for each file under the checkpoint ``folder`` opened through ``open`` or ``os.open``
+    (trainwell's readers open a descriptor first, to refuse links and FIFOs)."""
     real_open, real_os_open = builtins.open, os.open
 
     def recording_open(file, *args, **kwargs):
@@ -233,7 +233,7 @@ def test_every_file_a_resume_opens_has_a_hostile_test(run_dir, monkeypatch):
     covered = {"trainer_state.json", "training_args.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
                "model.safetensors", "checkpoint_manifest.json"}
     opened: list[str] = []
-    _record_opens(monkeypatch, run_dir, lambda file: opened.append(Path(file).name))
+    _record_opens(monkeypatch, run_dir / "checkpoint-4", lambda file: opened.append(Path(file).name))
     trainer = _trainer(str(run_dir), max_steps=5, save_strategy="no")
     trainer.train(resume_from_checkpoint=str(run_dir / "checkpoint-4"))
     assert set(opened) <= covered, sorted(set(opened) - covered)
@@ -331,7 +331,7 @@ def test_every_file_a_peft_resume_opens_has_a_hostile_test(peft_dir, monkeypatch
     covered = {"trainer_state.json", "training_args.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
                "adapter_model.safetensors", "checkpoint_manifest.json", "README.md", "adapter_config.json"}
     opened: list[str] = []
-    _record_opens(monkeypatch, peft_dir, lambda file: opened.append(
+    _record_opens(monkeypatch, peft_dir / "checkpoint-2", lambda file: opened.append(
         Path(file).relative_to(peft_dir / "checkpoint-2").as_posix()))
     _peft_trainer(str(peft_dir), max_steps=3, save_strategy="no").train(resume_from_checkpoint=str(peft_dir /
                                                                                                  "checkpoint-2"))

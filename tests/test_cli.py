@@ -53,12 +53,21 @@ def test_two_fresh_demos_with_one_seed_print_the_same_losses(tmp_path, capsys):
     assert losses("a") == losses("b")  # the initial weights follow --seed, not whatever ran before
 
 
-def test_demo_rejects_a_missing_device(capsys, monkeypatch, tmp_path):
+@pytest.mark.parametrize("cuda", [None, "12.8"])
+def test_demo_rejects_a_missing_device(capsys, monkeypatch, tmp_path, cuda):
+    """A CPU-only torch build says so and how to get a CUDA one; a CUDA build without a visible GPU says that."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
     code, _, err = _run(capsys, "demo", "--device", "cuda", "--output-dir", tmp_path / "d")
-    assert code == 2 and "--device cuda: no CUDA device" in err
+    assert code == 2 and not (tmp_path / "d").exists()
+    if cuda is None:
+        assert "is a CPU-only build: it cannot use a GPU. Install a CUDA build of torch" in err
+        assert "pytorch.org/get-started" in err and "--device cpu" in err
+    else:
+        assert "(built for CUDA 12.8) sees no GPU: check nvidia-smi and CUDA_VISIBLE_DEVICES" in err
 
 
 # --- train ---------------------------------------------------------------------------------------------------------
@@ -105,6 +114,37 @@ report: false
     logs = [json.loads(line) for line in open(next((tmp_path / "out" / "runs").iterdir()) / "logs.jsonl")]
     assert [e["step"] for e in logs if "loss" in e] == [2, 4] and logs[0]["learning_rate"] <= 0.1
     assert not (tmp_path / "out" / "report").exists()
+
+
+def test_ctrl_c_during_train_writes_the_report_and_says_how_to_resume(tmp_path, capsys, regression_files,
+                                                                       monkeypatch):
+    """Issue 34: an interrupted run had no report and nothing said how to get one, nor how to resume."""
+    from trainwell import Trainer, TrainerCallback
+
+    class CtrlCAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 5:
+                raise KeyboardInterrupt
+
+    real_train = Trainer.train
+
+    def train_then_ctrl_c(self, *args, **kwargs):
+        self.add_callback(CtrlCAt())
+        return real_train(self, *args, **kwargs)
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(Trainer, "train", train_then_ctrl_c)
+    jsonl, _ = regression_files
+    config = _write(tmp_path / "run.yaml", f"model: tests.common.models:RegressionModel\ndata:\n  train: {jsonl}\n"
+                                           f"output_dir: {tmp_path / 'out'}\nuse_cpu: true\ndisable_tqdm: true\n")
+    code, text, err = _run(capsys, "train", config, "--max_steps", 8, "--save_steps", 3, "--logging_steps", 2)
+    assert code == 130, err
+    assert (f"interrupted at step 5. To resume from {tmp_path / 'out' / 'checkpoint-3'}, run the same command with "
+            "--resume_from_checkpoint auto") in text
+    report = tmp_path / "out" / "report"
+    assert f"the run report so far: {report / 'index.html'}" in text and (report / "index.html").exists()
+    assert "train loss" in (report / "summary.txt").read_text()  # logs at 2 and 4, one after the checkpoint
+    assert "(step 4)" in (report / "summary.txt").read_text()
 
 
 def test_train_on_plain_text_with_the_byte_model_and_print_config(tmp_path, capsys):

@@ -133,8 +133,11 @@ def test_folders_that_are_not_runs_are_named_with_what_to_pass(runs, capsys, tmp
     unfinished = tmp_path / "unfinished"
     shutil.copytree(classifier / "checkpoint-12", unfinished / "checkpoint-12")
     (unfinished / "trainer_state.json").write_text("{}")
-    line = _error(capsys, unfinished, "x")
-    assert "has no task.json yet" in line and f"pass {unfinished / 'checkpoint-12'}" in line
+    # a run without its final model (interrupted, still training) predicts with its newest checkpoint, saying so
+    code, out, err = run_cli(capsys, "predict", unfinished, "x")
+    assert code == 0 and out.split("\t")[0] in ("pos", "neg")
+    assert f"{unfinished} has no final model yet (interrupted, or still training): using its newest checkpoint, " \
+           f"{unfinished / 'checkpoint-12'}" in err
     assert "without a task: section, not the config" in _error(capsys, folder / "tokenizer.json", "x")
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -292,3 +295,11 @@ def test_trust_remote_code_is_handed_to_transformers_when_given(runs, capsys, tm
     with pytest.raises(CliError, match="stopped here"):
         load_trained(run)
     assert seen["trust_remote_code"] is False  # said outright, never left for transformers to ask
+
+
+def test_sampling_suggested_by_task_json_applies_unless_given():
+    from trainwell.cli.predict import _generation_defaults
+
+    assert _generation_defaults({"generation": {"temperature": 0.8, "top_k": 40}}) == {"temperature": 0.8, "top_k": 40}
+    assert _generation_defaults({"generation": {"temperature": "hot", "top_k": -1}}) == {}  # not numbers in range
+    assert _generation_defaults({"generation": [1]}) == {} and _generation_defaults({}) == {}

@@ -73,8 +73,3 @@ def test_inductor_compiles_and_trains_like_eager(out_dir):
 def test_unknown_compile_choices_fail_at_construction(out_dir, field, value, hint):
     with pytest.raises(ValueError, match=rf"{field}='{value}'.*{hint}"):
         make_args(out_dir, **{field: value})
-
-
-def test_fp16_on_a_cpu_is_a_clear_error(out_dir):
-    with pytest.raises(ValueError, match=r"fp16=True .* on a CPU.*bf16=True"):
-        Trainer(model=RegressionModel(), args=make_args(out_dir, fp16=True))

@@ -163,3 +163,46 @@ def test_accumulation_and_clipping_add_no_break(out_dir):
     )
     assert breaks == bare_breaks and sum(breaks.values()) == 0
     assert graphs == bare_graphs == 1
+
+
+def _bare_epochs(precision: str) -> None:
+    """Two epochs of a loop over data that ends in a partial batch, each followed by a compiled evaluation."""
+    torch.manual_seed(0)
+    model = Clean()
+    compiled = torch.compile(model, backend="eager")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    for _ in range(2):
+        model.train()
+        for batch in DataLoader(Points(STEPS * BATCH + 3), batch_size=BATCH, collate_fn=default_data_collator):
+            with autocast:
+                loss = compiled(**batch)["loss"]
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        model.eval()
+        with torch.no_grad(), autocast:
+            for batch in DataLoader(Points(STEPS * BATCH + 3), batch_size=BATCH, collate_fn=default_data_collator):
+                compiled(**batch)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_partial_last_batch_and_evaluations_recompile_as_a_bare_compile_does(precision, out_dir):
+    """The last, smaller batch of an epoch recompiles once (its shape becomes dynamic) and evaluation once
+    (``model.training`` and grad mode are guards), in the loop as in trainwell; returning to training between
+    evaluations compiles nothing more, and the bf16 wrappers add nothing."""
+    bare_breaks, bare_graphs = _dynamo_counts(lambda: _bare_epochs(precision))
+    assert bare_graphs == 3 and not bare_breaks  # a static graph, a dynamic one, an evaluation's
+
+    def train() -> None:
+        args = make_args(out_dir, num_train_epochs=2, per_device_train_batch_size=BATCH, max_steps=-1,
+                         per_device_eval_batch_size=BATCH, torch_compile=True, torch_compile_backend="eager",
+                         eval_strategy="epoch", bf16=precision == "bf16")
+        torch.manual_seed(0)
+        trainer = Trainer(model=Clean(), args=args, train_dataset=Points(STEPS * BATCH + 3),
+                          eval_dataset=Points(STEPS * BATCH + 3))
+        trainer.train()
+        assert trainer.state.global_step == 2 * (STEPS + 1)
+
+    breaks, graphs = _dynamo_counts(train)
+    assert (breaks, graphs) == (bare_breaks, bare_graphs)

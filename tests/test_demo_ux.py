@@ -3,6 +3,7 @@ at once and leaves its files alone, and ``scripts/demo.sh`` sets up only once.""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,7 +13,9 @@ import sys
 import threading
 import time
 
+from tests.common.cli import run_cli
 from trainwell.cli import main
+from trainwell.report import load_run, summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_SH = os.path.join(ROOT, "scripts", "demo.sh")
@@ -57,10 +60,16 @@ def test_ctrl_c_saves_the_step_in_progress_and_the_rerun_resumes_there(tmp_path,
     assert step >= 20 and (out / f"checkpoint-{step}").is_dir(), text
     assert f"resume from {out / f'checkpoint-{step}'}, saved just now" in text
     assert "Traceback" not in text
+    # the interrupted run has its report (from its checkpoint and its live log), and says where
+    assert f"the run report so far: {out / 'report' / 'index.html'}" in text
+    assert (out / "report" / "index.html").exists()
 
     code, text = _demo(capsys, out, "--steps", step + 2, "--no-report")
     assert code == 0 and f"resuming from {out / f'checkpoint-{step}'}" in text
-    assert f"training: {step + 2} steps" in text
+    # this session trained 2 steps (the total is step + 2)
+    assert f"training: 2 steps this session (steps {step}-{step + 2}, resumed at {step})" in text
+    # the report marks the resume at the checkpoint's step, which falls between two logging steps (every 10)
+    assert summary(load_run(out))["sessions"] == f"2 (resumed at step {step})"
 
 
 # --- rerun of a finished run ------------------------------------------------------------------------------------------
@@ -153,6 +162,31 @@ def test_demo_sh_needs_set_up_unless_the_venv_imports_this_checkouts_trainwell(t
     assert _bash(needed, str(other), str(venv)).stdout == "needed\n"  # trainwell imports from ROOT, not there
 
 
+def test_setup_env_filters_setuptools_editable_notice_only(tmp_path):
+    """setuptools prints a 12-line "Editable installation. Please be careful..." notice on every editable install,
+    relayed by pip as a BuildBackendWarning (issue 34): the set-up filters that warning, and only that one."""
+    root = tmp_path / "project"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "scripts", "setup_env.sh"), root / "scripts" / "setup_env.sh")
+    bin_dir, venv_bin = tmp_path / "bin", root / ".venv" / "bin"
+    bin_dir.mkdir()
+    venv_bin.mkdir(parents=True)
+    (bin_dir / "python3").write_text("#!/bin/sh\nexit 0\n")  # `python3 -m venv .venv`: the venv is already there
+    emit = ("import warnings; warnings.warn('Editable installation.\\n!!\\n  Please be careful with folders', "
+            "UserWarning); warnings.warn('a warning pip would show', UserWarning)")
+    (venv_bin / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{emit}"\n')
+    for script in (bin_dir / "python3", venv_bin / "python"):
+        script.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env.pop("PYTHONWARNINGS", None)
+    done = subprocess.run(["bash", str(root / "scripts" / "setup_env.sh"), "report"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    output = done.stdout + done.stderr
+    assert "Editable installation" not in output and "Please be careful" not in output
+    assert "a warning pip would show" in output
+
+
 # --- the terminal ----------------------------------------------------------------------------------------------------
 
 
@@ -169,3 +203,12 @@ def test_a_demo_prints_one_short_line_per_log_and_a_finished_run_says_how_to_go_
     assert re.search(r"perplexity [\d.]+  \([\d.]+ s\)", evals[0]), evals[0]
     assert "run the same command again to resume" not in text
     assert "to train further: the same command with --steps 12" in text
+    # the demo's model is used with one command (issue 34): predict rebuilds it from task.json, bytes in and out
+    assert f"use the model    trainwell predict {out} 'def '" in text
+    task = json.loads((out / "task.json").read_text())
+    assert task["tokenizer"] == "bytes" and task["generation"] == {"temperature": 0.8, "top_k": 40}
+    assert (out / "checkpoint-6" / "task.json").exists()  # in every checkpoint too
+    code, predicted, err = run_cli(capsys, "predict", out, "def ", "class A", "--max-new-tokens", "8")
+    lines = predicted.splitlines()
+    assert code == 0 and err == "" and len(lines) == 2, (predicted, err)
+    assert lines[0].startswith("def ") and len(lines[0]) > len("def ") and lines[1].startswith("class A")

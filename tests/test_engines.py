@@ -242,3 +242,21 @@ def test_nothing_outside_the_backend_asks_which_engine_runs():
         imported, asked = _engine_questions(ast.parse(path.read_text()))
         assert imported <= _ALLOWED.get(rel, set()), f"{rel} imports an engine's module: {sorted(imported)}"
         assert not asked, f"{rel} asks which engine runs: {asked}"
+
+
+def test_the_process_group_settings_reach_accelerate_only_where_a_group_can_be_made(out_dir, monkeypatch):
+    """A lone process gets no InitProcessGroupKwargs (Accelerate's reading of one costs ~0.1 ms per Trainer); a
+    process started by a launcher, or a chosen ddp_backend, gets them with ddp_timeout."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    args = make_args(out_dir, ddp_timeout=90)
+
+    def group_kwargs(arguments):
+        return [h for h in engines._kwargs_handlers(arguments) if isinstance(h, InitProcessGroupKwargs)]
+
+    assert group_kwargs(args) == []
+    assert group_kwargs(make_args(out_dir, ddp_backend="gloo"))[0].backend == "gloo"
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert group_kwargs(args)[0].timeout.total_seconds() == 90

@@ -29,7 +29,8 @@ STACK: list[tuple[str, list[str]]] = [
     ("the Trainer facade", ["trainer", "hooks", "wiring", "checks", "trainer_seq2seq"]),
     # the reference's module paths and the package surfaces: they re-export from every layer
     ("compat surfaces", ["__init__", "integrations.__init__", "integrations.underneath", "trainer_utils",
-                         "trainer_pt_utils", "trainer_callback", "optimization", "hf_argparser", "debug_utils"]),
+                         "trainer_pt_utils", "trainer_callback", "optimization", "hf_argparser", "debug_utils",
+                         "patch", "utils.notebook"]),
     ("cli", ["cli", "examples", "__main__"]),
 ]
 

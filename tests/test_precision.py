@@ -74,3 +74,80 @@ def test_trainers_with_different_precisions_train_in_one_process(tmp_path):
         outputs.append(trainer.train())
         assert trainer.precision.mode == ("bf16" if precision else "no")
     assert [o.global_step for o in outputs] == [3, 3, 3]
+
+
+def test_under_bf16_overrides_see_float32_outputs_and_the_default_path_makes_no_copy(out_dir):
+    """What the reference hands on under bf16 autocast (checked by running it on a CPU): float32 outputs to a
+    compute_loss override, to compute_loss_func, to forward hooks and as predictions, before training and after.
+    The default compute_loss path, whose outputs nobody sees, skips the float32 copy: its loss is float32 still."""
+    from torch import nn
+
+    from trainwell.backend.outputs import has_output_cast
+
+    seen: list[tuple[str, torch.dtype]] = []
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(2, 3)
+
+        def forward(self, input_x, labels=None):
+            logits = self.linear(input_x.unsqueeze(-1).expand(-1, 2))
+            seen.append(("inside", logits.dtype))
+            return {"logits": logits, "loss": logits.float().pow(2).mean() if labels is not None else None}
+
+    class Overrides(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            outputs = model(**inputs)
+            seen.append(("override", outputs["logits"].dtype))
+            return (outputs["loss"], outputs) if return_outputs else outputs["loss"]
+
+    def loss_func(outputs, labels, num_items_in_batch=None):
+        seen.append(("loss_func", outputs["logits"].dtype))
+        return outputs["logits"].pow(2).mean()
+
+    def run(cls, **kwargs):
+        torch.manual_seed(0)
+        args = make_args(out_dir, bf16=True, max_steps=2, per_device_train_batch_size=8)
+        return cls(model=Model(), args=args, train_dataset=RegressionDataset(),
+                   eval_dataset=RegressionDataset(length=16), **kwargs)
+
+    for cls, kwargs in ((Overrides, {}), (Trainer, {"compute_loss_func": loss_func})):
+        trainer = run(cls, **kwargs)
+        trainer.evaluate()  # before training: the model is not prepared yet
+        trainer.train()
+        trainer.evaluate()
+        assert {dtype for who, dtype in seen if who != "inside"} == {torch.float32}
+        assert trainer.predict(RegressionDataset(length=16)).predictions.dtype == "float32"
+        seen.clear()
+    trainer = run(Trainer)
+    hooked: list[torch.dtype] = []
+    trainer.train()
+    assert has_output_cast(trainer.model_wrapped) and trainer.precision.output_cast is not None
+    losses = []
+    trainer.precision.output_cast.unobserved(lambda: losses.append(trainer.model(torch.ones(4), torch.ones(4))))
+    assert losses[0]["logits"].dtype == torch.bfloat16  # the cast skipped
+    trainer.model.register_forward_hook(lambda module, args, output: hooked.append(output["logits"].dtype))
+    trainer.precision.output_cast.unobserved(lambda: trainer.model(torch.ones(4), torch.ones(4)))
+    assert hooked == [torch.float32]  # a forward hook sees the outputs: the cast stays
+    plain = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
+    assert plain.forward.__func__ is Model.forward  # Accelerate still finds the original forward under ours
+
+
+def test_fp16_on_a_cpu_trains_in_float32_as_the_reference_does_and_says_so_once(tmp_path, caplog):
+    """32 of sentence-transformers' 45 training examples set fp16=True: on a CPU they train, in float32 (Accelerate
+    runs no fp16 autocast or scaler there), exactly as without it, and one warning says fp16 does nothing."""
+    from trainwell.backend import precision
+
+    precision._say_fp16_does_nothing_on_a_cpu.cache_clear()
+    with caplog.at_level("WARNING", logger="trainwell.backend.precision"):
+        half = _trainer(str(tmp_path / "fp16"), max_steps=3, fp16=True)
+        half.train()
+        _trainer(str(tmp_path / "again"), max_steps=1, fp16=True).train()
+    full = _trainer(str(tmp_path / "fp32"), max_steps=3)
+    full.train()
+    losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (half, full)]
+    assert losses[0] == losses[1] and len(losses[0]) == 3
+    assert all(torch.equal(a, b) for a, b in zip(half.model.state_dict().values(), full.model.state_dict().values()))
+    said = [r.getMessage() for r in caplog.records if "does nothing on a CPU" in r.getMessage()]
+    assert len(said) == 1 and "trains in float32" in said[0] and "bf16=True" in said[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 
 import pytest
 
@@ -77,6 +78,45 @@ def test_bar_shows_loss_lr_and_token_throughput():
     assert "loss=0.5" in postfix and "lr=0.0003" in postfix and "tok/s=1234" in postfix
     assert "<" in str(progress.training_bar)  # tqdm's elapsed<remaining: the ETA
     progress.on_train_end(args, state, control)
+
+
+def test_an_evaluation_log_keeps_the_loss_on_the_bar():
+    """The bar's postfix is the last training log's: an evaluation (or the summary) has no loss to show, and
+    replaced it with the step rate (issue 34)."""
+    progress = ProgressCallback(stream=FakeTerminal())
+    args, state, control = make_args("o"), TrainerState(max_steps=10), TrainerControl()
+    progress.on_train_begin(args, state, control)
+    state.global_step = 2
+    progress.on_step_end(args, state, control)
+    progress.on_log(args, state, control, logs={"loss": 0.5, "learning_rate": 3e-4, "train_tokens_per_second": 99.0})
+    progress.on_log(args, state, control, logs={"eval_loss": 0.7, "eval_runtime": 1.0, "eval_samples_per_second": 9.0})
+    postfix = progress.training_bar.postfix
+    assert "loss=0.5" in postfix and "tok/s=99" in postfix and "step/s" not in postfix
+    progress.on_train_end(args, state, control)
+
+
+def test_a_message_logged_while_the_bar_is_drawn_starts_on_its_own_line(monkeypatch):
+    """Ctrl-C's "Received SIGINT: ..." (a warning through Python's handler of last resort) was written onto the
+    bar's line; it now clears the bar's line first and the bar is redrawn below it (issue 34)."""
+    terminal = FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # no handler configured: the last resort prints
+    library = logging.getLogger("trainwell.checkpoint.preemption")
+    monkeypatch.setattr(library, "propagate", True)
+    before = logging.lastResort
+    progress = ProgressCallback()
+    args, state, control = make_args("o"), TrainerState(max_steps=10), TrainerControl()
+    progress.on_train_begin(args, state, control)
+    state.global_step = 3
+    progress.on_step_end(args, state, control)
+    progress.training_bar.refresh()
+    library.warning("Received SIGINT: the current step finishes, then a checkpoint is saved and training stops.")
+    text = terminal.getvalue()
+    at = text.index("Received SIGINT")
+    assert text[at - 1] in "\r\n" and "3/10" in text[:at]  # the bar was drawn, then its line cleared
+    assert "3/10" in text[at:]  # and redrawn below the message
+    progress.on_train_end(args, state, control)
+    assert logging.lastResort is before
 
 
 def test_only_the_world_main_process_prints(capsys):

@@ -108,19 +108,33 @@ class PerStep(TrainerCallback):
         self._close(keep=False)  # the last turn holds the end of train(), not a step
 
 
-def _count(tmp_path, make_mode, **kwargs) -> list[dict]:
+def _count(tmp_path, make_mode, fp16: bool = False, **kwargs) -> list[dict]:
     counter = PerStep(make_mode)
     settings = {"max_steps": 9, "per_device_train_batch_size": 4, "logging_steps": 4, "save_strategy": "no",
                 "report_to": "none", "disable_tqdm": True, **kwargs}
     torch.manual_seed(0)
     trainer = Trainer(MLP(), TrainingArguments(str(tmp_path), **settings), train_dataset=ClassificationDataset(),
                       callbacks=[counter])
+    if fp16:
+        _fp16_on_a_cpu(trainer)
     trainer.train()
     _LAST_LOGS[:] = [e for e in trainer.state.log_history if "loss" in e]
     return counter.steps
 
 
 _LAST_LOGS: list[dict] = []
+
+
+def _fp16_on_a_cpu(trainer: Trainer) -> None:
+    """Give a CPU trainer what Accelerate builds for fp16 on a GPU (and on a CPU never): fp16 autocast around the
+    prepared forward, a grad scaler, and the optimizer stepped through it."""
+    from trainwell.backend.precision import Precision
+
+    accelerator = trainer.accelerator
+    accelerator.scaler, accelerator.native_amp = torch.amp.GradScaler("cpu"), True
+    accelerator.state._mixed_precision = "fp16"
+    trainer.runtime.precision = trainer.precision = Precision(accelerator, trainer.args, trainer.runtime.engine)
+    assert trainer.precision.mode == "fp16" and trainer.precision.can_skip_steps
 
 
 @pytest.fixture
@@ -133,9 +147,18 @@ def accelerator_path(monkeypatch):
     return syncs
 
 
+# trainwell's resilience arguments all on (docs/resilience.md): the non-finite guard (on by default), the spike
+# watch at each log (it needs checkpoints: none falls in the counted steps) and the step watchdog's thread.
+RESILIENCE = {"skip_nonfinite_steps": True, "rollback_on_spike": 5.0, "step_timeout": 60.0,
+              "save_strategy": "steps", "save_steps": 100}
+
+
 @pytest.mark.parametrize("settings", [{}, {"bf16": True}, {"gradient_accumulation_steps": 4},
-                                      {"max_grad_norm": 0.0}, {"logging_nan_inf_filter": False}],
-                         ids=["defaults", "bf16", "accumulation-4", "no-clipping", "no-nan-filter"])
+                                      {"max_grad_norm": 0.0}, {"logging_nan_inf_filter": False},
+                                      {"skip_nonfinite_steps": False}, RESILIENCE,
+                                      {**RESILIENCE, "optim": "sgd"}],
+                         ids=["defaults", "bf16", "accumulation-4", "no-clipping", "no-nan-filter", "no-guard",
+                              "resilience-on", "resilience-copy-guard"])
 def test_no_host_read_between_logging_steps_and_one_at_a_log(tmp_path, accelerator_path, settings):
     steps = _count(tmp_path, HostReads, **settings)
     # turn i begins at global step i + 1 and ends at global step i + 2: the logs at steps 4 and 8 are turns 2 and 6
@@ -149,8 +172,9 @@ def test_no_host_read_between_logging_steps_and_one_at_a_log(tmp_path, accelerat
     assert accelerator_path == []
 
 
-def _hand_step_kernels(clip: bool) -> dict:
-    """One optimizer step of the loop a user writes: forward, backward, (clip), step, schedule, zero."""
+def _hand_step_kernels(clip: bool, bf16: bool = False, fp16: bool = False) -> dict:
+    """One optimizer step of the loop a user writes: forward (under bf16 or fp16 autocast), backward (fp16: of the
+    scaled loss), (clip: fp16 unscales first), step (fp16: through the scaler, then its update), schedule, zero."""
     torch.manual_seed(0)
     model = MLP()
     # The reference's two groups (weights, then biases and norms), which trainwell keeps so that an optimizer.pt
@@ -159,6 +183,7 @@ def _hand_step_kernels(clip: bool) -> dict:
     others = [p for n, p in model.named_parameters() if not n.endswith("weight")]
     optimizer = torch.optim.AdamW([{"params": weights}, {"params": others}], lr=5e-5, weight_decay=0.0, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / 9)
+    scaler = torch.amp.GradScaler("cpu")
     data = ClassificationDataset()
     batches = [{"x": torch.stack([data[i]["x"] for i in range(j, j + 4)]),
                 "labels": torch.stack([torch.as_tensor(data[i]["labels"]) for i in range(j, j + 4)])}
@@ -166,11 +191,18 @@ def _hand_step_kernels(clip: bool) -> dict:
     counts = []
     for batch in batches:
         with Kernels() as mode:
-            loss = model(**batch)["loss"]
-            loss.backward()
+            with torch.autocast("cpu", dtype=torch.float16 if fp16 else torch.bfloat16, enabled=bf16 or fp16):
+                loss = model(**batch)["loss"]
+            (scaler.scale(loss) if fp16 else loss).backward()
             if clip:
+                if fp16:
+                    scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+            if fp16:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         counts.append(dict(mode.calls))
@@ -183,22 +215,64 @@ def _hand_step_kernels(clip: bool) -> dict:
 # reference logs it too): one norm per gradient, stacked, reduced. The data pipeline runs on the host: not counted.
 _LOSS_BOOKKEEPING = {"aten.sub": 1, "aten.eq": 1, "aten.add": 2, "aten.div": 1, "aten.where": 1}
 _NORM_FOR_THE_LOGS = {"aten._foreach_norm": 1, "aten.stack": 1, "aten.linalg_vector_norm": 1}
+# skip_nonfinite_steps (on by default; trainwell/loop/guard.py): the decision from the norm the step has anyway and
+# the loss (add them, x * 0, != 0 into the optimizer's found_inf), the count of skipped steps (add_), and, inside the
+# fused AdamW, its own step-count correction for found_inf (one _foreach_sub_ per parameter group, as under fp16's
+# GradScaler). Scalar kernels all: no pass over the gradients, no host read.
+_NONFINITE_GUARD = {"aten.add": 1, "aten.mul": 1, "aten.ne": 1, "aten.add_": 1, "aten._foreach_sub_": 2}
 
 
 @pytest.mark.parametrize("clip", [True, False], ids=["clipping", "no-clipping"])
-def test_a_step_runs_the_kernels_of_a_hand_written_step_and_the_loss_bookkeeping(tmp_path, accelerator_path, clip):
-    ours = _count(tmp_path, Kernels, max_grad_norm=1.0 if clip else 0.0, logging_steps=100)[-1]
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "no-guard"])
+def test_a_step_runs_the_kernels_of_a_hand_written_step_and_the_loss_bookkeeping(tmp_path, accelerator_path, clip,
+                                                                                 guard):
+    ours = _count(tmp_path, Kernels, max_grad_norm=1.0 if clip else 0.0, logging_steps=100,
+                  skip_nonfinite_steps=guard)[-1]
     expected = collections.Counter(_hand_step_kernels(clip))
     expected.update(_LOSS_BOOKKEEPING)
     if not clip:
         expected.update(_NORM_FOR_THE_LOGS)
+    if guard:
+        expected.update(_NONFINITE_GUARD)
     assert ours == dict(expected)
     if not clip:  # the norm is taken, never applied: no gradient is multiplied by 1.0
         assert "aten._foreach_mul_" not in ours
 
 
+def test_a_bf16_step_runs_the_kernels_of_a_hand_written_autocast_step(tmp_path, accelerator_path):
+    """No float32 copy of the outputs that nobody sees: Accelerate's prepared forward casts every bf16 output (the
+    logits) to float32, one more ``_to_copy`` per step than a loop under ``torch.autocast`` makes."""
+    ours = _count(tmp_path, Kernels, bf16=True, logging_steps=100)[-1]
+    expected = collections.Counter(_hand_step_kernels(clip=True, bf16=True))
+    expected.update(_LOSS_BOOKKEEPING)
+    expected.update(_NONFINITE_GUARD)  # on by default with the fused AdamW: bf16 is where it matters most
+    assert ours == dict(expected)
+
+
+@pytest.mark.parametrize("clip", [True, False], ids=["clipping", "no-clipping"])
+def test_an_fp16_step_runs_the_kernels_of_a_hand_written_grad_scaler_step(tmp_path, accelerator_path, clip):
+    """The grad scaler is called as a loop calls it: no division of the loss by Accelerate's accumulation steps
+    (always 1 here), no multiplication of every gradient by 1.0 with clipping off, no float32 copy of the logits.
+    With clipping off the gradients are unscaled before the norm the logs report: the same one pass a loop's
+    ``scaler.step`` makes to look for infinities, so only the norm is extra."""
+    ours = _count(tmp_path, Kernels, fp16=True, max_grad_norm=1.0 if clip else 0.0, logging_steps=100)[-1]
+    expected = collections.Counter(_hand_step_kernels(clip, fp16=True))
+    expected.update(_LOSS_BOOKKEEPING)
+    if not clip:
+        expected.update(_NORM_FOR_THE_LOGS)
+        # the scaler's inverse scale is a scalar of the explicit unscale_ (a reciprocal, two casts) instead of the
+        # step's (a full, a mul): scalar kernels, no pass over the gradients
+        expected.update({"aten.reciprocal": 1, "aten._to_copy": 2, "aten.full": -1, "aten.mul": -1})
+    assert ours == dict(+expected)
+
+
+def test_no_host_read_in_an_fp16_step(tmp_path, accelerator_path):
+    steps = _count(tmp_path, HostReads, fp16=True, logging_steps=100)
+    assert steps and all(reads == {} for reads in steps), steps
+
+
 def test_the_loss_bookkeeping_is_one_add_without_the_nan_filter(tmp_path, accelerator_path):
-    ours = _count(tmp_path, Kernels, logging_nan_inf_filter=False, logging_steps=100)[-1]
+    ours = _count(tmp_path, Kernels, logging_nan_inf_filter=False, logging_steps=100, skip_nonfinite_steps=False)[-1]
     expected = collections.Counter(_hand_step_kernels(clip=True))
     expected.update({"aten.sub": 1, "aten.eq": 1, "aten.add": 2})
     assert ours == dict(expected)

@@ -142,3 +142,45 @@ def test_overrides_with_the_older_signatures_without_num_items_in_batch(tmp_path
     args = make_args(str(tmp_path), max_steps=2, gradient_accumulation_steps=2, per_device_train_batch_size=4)
     Old(model=RegressionModel(), args=args, train_dataset=RegressionDataset()).train()
     assert calls.count("training_step") == 4 and calls.count("compute_loss") == 4
+
+
+def test_get_optimizer_cls_and_kwargs_and_decay_names_overrides_build_the_optimizer_as_on_the_reference(tmp_path):
+    """sentence-transformers overrides get_optimizer_cls_and_kwargs to hand the optimizer its loss module's
+    parameters too (``optimizer_dict``; SoftmaxLoss's classifier lives there) and reads get_decay_parameter_names:
+    the optimizer must come from those overrides, and the head must train as on the reference."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    import trainwell
+
+    def run(lib):
+        class LossWithWeights(lib.Trainer):
+            def get_optimizer_cls_and_kwargs(self, args, model=None):
+                cls, kwargs = super().get_optimizer_cls_and_kwargs(args, model)
+                both = torch.nn.ModuleDict({"model": model, "head": self.head})
+                decay = self.get_decay_parameter_names(both)
+                kwargs["optimizer_dict"] = [
+                    {"params": [p for n, p in both.named_parameters() if n in decay], "weight_decay": 0.1},
+                    {"params": [p for n, p in both.named_parameters() if n not in decay], "weight_decay": 0.0}]
+                return cls, kwargs
+
+            def get_decay_parameter_names(self, model):
+                return [n for n, _ in model.named_parameters() if not n.endswith(("b", "bias"))]  # not biases
+
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                outputs = model(input_x=inputs["input_x"])
+                loss = ((self.head(outputs["logits"].unsqueeze(-1)).squeeze(-1) - inputs["labels"]) ** 2).mean()
+                return (loss, outputs) if return_outputs else loss
+
+        torch.manual_seed(0)
+        args = lib.TrainingArguments(str(tmp_path / lib.__name__), max_steps=4, report_to="none", use_cpu=True,
+                                     save_strategy="no", learning_rate=0.1, weight_decay=0.5, disable_tqdm=True)
+        trainer = LossWithWeights(model=RegressionModel(), train_dataset=RegressionDataset(), args=args)
+        trainer.head = torch.nn.Linear(1, 1)
+        trainer.train()
+        return trainer, [p.detach().clone() for p in (*trainer.model.parameters(), *trainer.head.parameters())]
+
+    (mine, my_weights), (_, their_weights) = run(trainwell), run(transformers)
+    assert [g["weight_decay"] for g in mine.optimizer.param_groups] == [0.1, 0.0]
+    assert len(mine.optimizer.param_groups[0]["params"]) == 2  # the model's a and the head's weight
+    assert all(torch.equal(a, b) for a, b in zip(my_weights, their_weights, strict=True))

@@ -174,7 +174,8 @@ def make(**kwargs) -> TrainingArguments:
 
 # after the reference's, trainwell's own
 TRAINWELL_FIELDS: list[tuple[str, object]] = [("save_async", False), ("verify_checkpoint_checksums", True),
-                                               ("log_throughput", False)]
+                                               ("log_throughput", False), ("skip_nonfinite_steps", None),
+                                               ("rollback_on_spike", None), ("step_timeout", None)]
 
 
 def test_field_names_and_defaults_match_transformers_5_23():

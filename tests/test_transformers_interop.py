@@ -127,3 +127,19 @@ def test_a_checkpoint_of_either_trainer_resumes_on_the_other(tmp_path, writer):
     assert len(second.optimizer.param_groups) == 2
     for a, b in zip(second.model.parameters(), full.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_eval_loss_is_the_references_to_the_last_bit(tmp_path):
+    """The reference averages the per-sample float32 losses in float32 (numpy's pairwise sum); a float64 mean
+    differs from it in the last place for some batches, so a comparison with the reference would need a tolerance."""
+    from tests.common.models import RegressionDataset, RegressionModel
+
+    def losses(lib):
+        args = lib.TrainingArguments(output_dir=str(tmp_path / lib.__name__), report_to="none", use_cpu=True,
+                                     disable_tqdm=True, per_device_eval_batch_size=3)
+        trainer = lib.Trainer(model=RegressionModel(a=0.7, b=0.1), args=args)
+        return [trainer.evaluate(RegressionDataset(length=n, seed=n))["eval_loss"] for n in range(5, 40, 3)]
+
+    import trainwell
+
+    assert losses(trainwell) == losses(transformers)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from trainwell import checks, search, techniques, wiring
-from trainwell.backend import failures
+from trainwell.backend import failures, stall
 from trainwell.backend.runtime import to_device
 from trainwell.checkpoint import contents, loading, preemption
 from trainwell.checkpoint import lock as output_lock
@@ -36,9 +36,10 @@ from trainwell.data import loaders
 from trainwell.data.train_loader import build_train_feed
 from trainwell.events.callback import TrainerCallback
 from trainwell.events.flow import DefaultFlowCallback
+from trainwell.events.notebook import NotebookProgressCallback, in_notebook
 from trainwell.events.progress import ProgressCallback
 from trainwell.integrations import hub
-from trainwell.loop import boundary, evaluation, losses
+from trainwell.loop import boundary, evaluation, losses, rollback
 from trainwell.loop.fit import FitLoop
 from trainwell.loop.metric_checks import CheckedComputeMetrics
 from trainwell.loop.plan import StepPlan, build_plan
@@ -56,7 +57,9 @@ logger = logging.getLogger(__name__)
 
 #: the reference's default callbacks (trainwell adds trackers, the progress display and preemption as it runs)
 DEFAULT_CALLBACKS = [DefaultFlowCallback]
-DEFAULT_PROGRESS_CALLBACK = ProgressCallback
+#: the progress display unless ``disable_tqdm``: in a notebook (decided when this module is imported, as by the
+#: reference) the HTML bar and metrics table, else the console's; a script may set its own here before building
+DEFAULT_PROGRESS_CALLBACK = NotebookProgressCallback if in_notebook() else ProgressCallback
 
 
 class Trainer:
@@ -100,7 +103,7 @@ class Trainer:
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         checks.check_trainer_arguments(self)
-        self.callback_handler = wiring.callback_handler(self, callbacks)
+        self.callback_handler = wiring.callback_handler(self, callbacks, DEFAULT_PROGRESS_CALLBACK)
         output_lock.prepare(args.output_dir, args.should_save, self.is_world_process_zero(), output_lock.writes(args))
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
@@ -138,6 +141,7 @@ class Trainer:
             try:
                 self._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
                 attempt = functools.partial(self._train_attempt, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
+                attempt = rollback.attempts(self, attempt)  # rollback_on_spike: again from the last good checkpoint
                 locks = self.is_world_process_zero() and output_lock.writes(self.args)  # runs that save only
                 with output_lock.holding(self._get_output_dir(trial), enabled=locks):
                     with failures.stop_together(self, last_usable_checkpoint):  # a collective: fail together
@@ -151,7 +155,8 @@ class Trainer:
 
     def _train_attempt(self, resume: Resume | None, trial: Any, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         wiring.prepare_attempt(self, trial)
-        with techniques.during_training(self), failures.stop_together(self, last_usable_checkpoint):
+        with stall.watch(self, last_usable_checkpoint), techniques.during_training(self), \
+                failures.stop_together(self, last_usable_checkpoint):  # step_timeout, then a lost peer
             self.checkpointer = Checkpointer.of(self, resume)
             add_memory = functools.partial(self._memory_tracker.stop, "train")
             return FitLoop(self, trial, ignore_keys_for_eval, add_memory).run()
@@ -175,10 +180,15 @@ class Trainer:
         self.create_optimizer()
         self.create_scheduler(num_training_steps=num_training_steps, optimizer=self.optimizer)
 
-    def create_optimizer(self) -> torch.optim.Optimizer:
-        """Build the optimizer from ``optim`` (or ``optimizer_cls_and_kwargs``) with weight-decay groups."""
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """Build the optimizer of ``model`` (default: the Trainer's) from ``optim`` (or ``optimizer_cls_and_kwargs``)
+        with weight-decay groups, through ``get_optimizer_cls_and_kwargs`` and ``get_decay_parameter_names``, so a
+        subclass's override of either counts (sentence-transformers' adds the parameters of its loss modules)."""
         if self.optimizer is None:
-            self.optimizer = registry.create_optimizer(self.model, self.args, self.optimizer_cls_and_kwargs)
+            target = self.model if model is None else model
+            chosen = self.optimizer_cls_and_kwargs or self.get_optimizer_cls_and_kwargs(self.args, target)
+            self.optimizer = registry.create_optimizer(target, self.args, chosen,
+                                                       self.get_decay_parameter_names(target))
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
@@ -336,10 +346,24 @@ class Trainer:
         """The training loader: seeded resumable sampler, collator, worker seeding; prepared by the runtime."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset: pass it to the Trainer.")
-        dataset, collator = loaders.without_unused_columns(self.train_dataset, self.data_collator, self._columns())
-        feed = build_train_feed(dataset, collator, self._get_train_sampler(dataset), self.args, self.runtime,
-                                self._train_batch_size)
-        return feed.loader
+        return self._get_dataloader(self.train_dataset, "Training", self._train_batch_size, self._get_train_sampler,
+                                    is_training=True)
+
+    def _get_dataloader(self, dataset: Any, description: str, batch_size: int, sampler_fn: Any = None,
+                        is_training: bool = False, dataloader_key: str | None = None) -> Any:
+        """A loader over ``dataset`` with the columns the model does not take removed, as the reference's method
+        (TRL's GRPO and RLOO trainers call it from their ``get_*_dataloader``): for training with its resumable
+        parts (``build_train_feed``), else in trainwell's evaluation order unless ``sampler_fn`` returns a sampler.
+        ``dataloader_key``: with persistent workers, kept in ``_eval_dataloaders`` under it."""
+        if not is_training:
+            loader = self._eval_loaders.get(dataset, self.data_collator, self._columns(), self.args, self.runtime,
+                                            batch_size, sampler_fn)
+            if dataloader_key is not None and self.args.dataloader_persistent_workers:
+                self._eval_dataloaders[dataloader_key] = loader
+            return loader
+        dataset, collator = loaders.without_unused_columns(dataset, self.data_collator, self._columns())
+        sampler = None if sampler_fn is None or loaders.is_iterable(dataset) else sampler_fn(dataset)
+        return build_train_feed(dataset, collator, sampler, self.args, self.runtime, batch_size).loader
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Any:
         dataset = train_dataset if train_dataset is not None else self.train_dataset
@@ -362,10 +386,17 @@ class Trainer:
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         """The evaluation loader (dataset order); ``eval_dataset`` may be a dataset or a key of a dict of them."""
         dataset = loaders.pick_eval_dataset(eval_dataset, self.eval_dataset)
-        return self._eval_loaders.get(dataset, self.data_collator, self._columns(), self.args, self.runtime)
+        key = eval_dataset if isinstance(eval_dataset, str) else "eval"
+        return self._get_dataloader(dataset, "Evaluation", self.args.eval_batch_size, self._get_eval_sampler,
+                                    dataloader_key=key)
 
     def get_test_dataloader(self, test_dataset: Any) -> Any:
-        return self._eval_loaders.get(test_dataset, self.data_collator, self._columns(), self.args, self.runtime)
+        return self._get_dataloader(test_dataset, "test", self.args.eval_batch_size, self._get_eval_sampler)
+
+    def _get_eval_sampler(self, eval_dataset: Any) -> Any:
+        """None: evaluation reads the dataset in order (sharded without duplicates across processes). A subclass may
+        return a sampler of its own (TRL's GRPO does); the loader is then built with it, as the reference's."""
+        return None
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:

@@ -161,15 +161,16 @@ def default_collator(processing_class: Any) -> Callable:
     return default_data_collator
 
 
-def callback_handler(trainer: Any, user: list | None) -> CallbackHandler:
+def callback_handler(trainer: Any, user: list | None, progress: Any = None) -> CallbackHandler:
     """The handler of :func:`default_callbacks` and the user's ``callbacks``, handed the Trainer's parts."""
-    callbacks = default_callbacks(trainer.args, trainer.runtime, user)
+    callbacks = default_callbacks(trainer.args, trainer.runtime, user, progress)
     return CallbackHandler(callbacks, trainer.model, trainer.processing_class, trainer.optimizer,
                            trainer.lr_scheduler)
 
 
-def default_callbacks(args: Any, runtime: Any, user: list | None) -> list:
-    """Flow, trackers of ``report_to``, the user's callbacks, progress display, and preemption saves."""
+def default_callbacks(args: Any, runtime: Any, user: list | None, progress: Any = None) -> list:
+    """Flow, trackers of ``report_to``, the user's callbacks, progress display (``progress``, by default the
+    console's; plain log lines with ``disable_tqdm``), and preemption saves."""
     from trainwell.events.flow import DefaultFlowCallback
     from trainwell.events.progress import PrinterCallback, ProgressCallback
     from trainwell.integrations.registry import reporting_callbacks
@@ -178,7 +179,7 @@ def default_callbacks(args: Any, runtime: Any, user: list | None) -> list:
     callbacks: list[Any] = [DefaultFlowCallback]
     callbacks += reporting_callbacks(args.report_to)
     callbacks += user
-    callbacks.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
+    callbacks.append(PrinterCallback if args.disable_tqdm else progress or ProgressCallback)
     if args.enable_jit_checkpoint:
         from trainwell.checkpoint.preemption import JITCheckpointCallback
 
@@ -234,11 +235,13 @@ def set_run_attributes(trainer: Any) -> None:
     ``micro_batch_loss_scale``, ``training_run``...: ``trainwell.hooks`` lists them) and the Trainer's own."""
     trainer._train_batch_size = trainer.args.train_batch_size  # a search trial or a batch-size search changes it
     trainer._eval_loaders = loaders.EvalLoaders()
+    trainer._eval_dataloaders = {}  # the reference's: _get_dataloader(dataloader_key=...) keeps loaders here
     trainer._created_lr_scheduler = False  # True once create_scheduler built one (rebuilt for the next train())
     trainer.current_flos = 0
     trainer.current_gradient_accumulation_steps = 1
     trainer.micro_batch_loss_scale = None
     trainer.training_run = None
+    trainer._pending_rollback = None  # rollback_on_spike: what the next train() attempt records
     # decided once, not per micro-batch: an override may predate the reference's num_items_in_batch
     trainer._loss_takes_items = model_utils.accepts_keyword(trainer.compute_loss, "num_items_in_batch")
 

@@ -1,19 +1,22 @@
-"""Trains a library's trainer (TRL's SFTTrainer or DPOTrainer, sentence-transformers' trainer) on a tiny model built
-here, on the reference or on trainwell: ``--backend trainwell`` calls ``trainwell.patch_transformers()`` before the
-library is imported, which is the documented switch. Run by tests/test_libraries.py, one process per run.
+"""Trains a library's trainer (TRL's SFTTrainer or DPOTrainer, sentence-transformers' trainer, the Trainer on a PEFT
+model) on a tiny model built here, on the reference or on trainwell: ``--backend trainwell`` calls
+``trainwell.patch_transformers()`` before the library is imported, which is the documented switch. Run by
+tests/test_libraries.py, one process per run.
 
-Writes the logged losses, evaluation losses, the trainer's base classes and the first checkpoint's files to --out.
+Writes the logged losses, evaluation losses, the order of the batches the loss was computed on, a digest of the final
+weights, the trainer's base classes and the first checkpoint's files to --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--library", choices=("sft", "sft-peft", "dpo", "sentence-transformers"), required=True)
+parser.add_argument("--library", choices=("sft", "sft-peft", "dpo", "sentence-transformers", "peft"), required=True)
 parser.add_argument("--backend", choices=("trainwell", "transformers"), required=True)
 parser.add_argument("--workdir", required=True)
 parser.add_argument("--out", required=True)
@@ -105,6 +108,9 @@ def dpo() -> object:
 
 
 def sentence_transformers() -> object:
+    """Three epochs of 3 steps (dropout on): a new sample order each epoch, as the reference's seedable sampler draws
+    it through the trainer's own prepared loader; checkpoint-4 lies in the second epoch. The loss's own classifier
+    trains too (sentence-transformers' get_optimizer_cls_and_kwargs)."""
     from sentence_transformers import (
         SentenceTransformer,
         SentenceTransformerTrainer,
@@ -122,16 +128,54 @@ def sentence_transformers() -> object:
                                      intermediate_size=32, max_position_embeddings=32)
     transformers.BertModel(config).save_pretrained(folder)
     generator = torch.Generator().manual_seed(0)
-    data = Dataset.from_dict({"sentence1": sentences(generator, 32, 5), "sentence2": sentences(generator, 32, 5),
-                              "score": torch.rand(32, generator=generator).tolist()})
+    data = Dataset.from_dict({"sentence1": sentences(generator, 24, 5), "sentence2": sentences(generator, 24, 5),
+                              "label": torch.randint(0, 3, (24,), generator=generator).tolist()})
     torch.manual_seed(0)
     model = SentenceTransformer(modules=[models.Transformer(folder), models.Pooling(16)], device="cpu")
-    return SentenceTransformerTrainer(model=model, args=SentenceTransformerTrainingArguments(**COMMON),
+    settings = {**COMMON, "max_steps": -1, "num_train_epochs": 3, "per_device_train_batch_size": 8, "save_steps": 4}
+    # SoftmaxLoss (its NLI examples' loss) trains a classifier of its own: the trainer's get_optimizer_cls_and_kwargs
+    # override hands those weights to the optimizer
+    return SentenceTransformerTrainer(model=model, args=SentenceTransformerTrainingArguments(**settings),
                                       train_dataset=data, eval_dataset=data.select(range(8)),
-                                      loss=losses.CosineSimilarityLoss(model))
+                                      loss=losses.SoftmaxLoss(model, sentence_embedding_dimension=16, num_labels=3))
 
 
-trainer = {"sft": sft, "sft-peft": sft_peft, "dpo": dpo, "sentence-transformers": sentence_transformers}[cli.library]()
+def peft() -> object:
+    """The Trainer on a LoRA model from ``peft.get_peft_model`` (what PEFT's own examples do), keeping the best
+    of three evaluations: the second ("score" peaks there), so the best checkpoint (4) is neither the first nor
+    the last."""
+    from peft import LoraConfig, get_peft_model
+
+    folder, tok = causal_lm(cli.workdir + "-model")
+    generator = torch.Generator().manual_seed(0)
+    data = Dataset.from_dict({"text": [sentences(generator, 1, 6)[0] for _ in range(40)]})
+    data = data.map(lambda row: {**tok(row["text"]), "labels": tok(row["text"])["input_ids"]}, remove_columns=["text"])
+    scores = iter([1.0, 3.0, 2.0])
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1, task_type="CAUSAL_LM")
+    model = get_peft_model(transformers.LlamaForCausalLM.from_pretrained(folder), lora)
+    args = transformers.TrainingArguments(**{**COMMON, "learning_rate": 1e-2, "save_steps": 2, "eval_steps": 2},
+                                          load_best_model_at_end=True, metric_for_best_model="score")
+    return transformers.Trainer(model=model, args=args, train_dataset=data, eval_dataset=data.select(range(8)),
+                                compute_metrics=lambda prediction: {"score": next(scores)})
+
+
+trainer = {"sft": sft, "sft-peft": sft_peft, "dpo": dpo, "sentence-transformers": sentence_transformers,
+           "peft": peft}[cli.library]()
+order = []  # a digest of each batch the loss is computed on, in the order trained
+compute_loss = trainer.compute_loss
+
+
+def recording_compute_loss(model: object, inputs: dict, *args: object, **kwargs: object) -> object:
+    if model.training:
+        order.append(digest(v for _, v in sorted(inputs.items()) if isinstance(v, torch.Tensor)))
+    return compute_loss(model, inputs, *args, **kwargs)
+
+
+def digest(tensors: object) -> str:
+    return hashlib.sha256(b"".join(t.detach().cpu().contiguous().numpy().tobytes() for t in tensors)).hexdigest()[:16]
+
+
+trainer.compute_loss = recording_compute_loss
 
 
 def adapter_sums(model: object) -> dict:
@@ -157,5 +201,7 @@ with open(cli.out, "w") as fh:
         "best": trainer.state.best_model_checkpoint and os.path.basename(trainer.state.best_model_checkpoint),
         # the adapter the model ends with (after load_best_model_at_end), as sums of its tensors
         "adapter": adapter_sums(trainer.model),
+        "order": order,
+        "weights": digest(v for _, v in sorted(trainer.model.state_dict().items())),
         "modules": sorted(m for m in ("trainwell", "transformers.trainer") if m in sys.modules),
     }, fh)

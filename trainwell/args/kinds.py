@@ -2,8 +2,8 @@
 
 The reference keeps such values and fails (or misbehaves) later: ``run_name=42`` reaches a tracker as a number,
 ``fp16_full_eval=3`` is a truthy int, ``deepspeed=42`` and ``fsdp=42`` fail deep inside their engines, and
-``ddp_bucket_cap_mb=-5`` only when DDP builds its buckets. Field kinds are read from the annotations, so a field
-added later is covered by its annotation.
+``ddp_bucket_cap_mb=-5`` only when DDP builds its buckets. Field kinds are read from the declared annotations
+(``fields.field_terms``, never the mutable ``Field.type``), so a field added later is covered by its annotation.
 """
 
 from __future__ import annotations
@@ -13,27 +13,30 @@ import functools
 import os
 from typing import Any
 
-_TEXT = ("str", "str | None", "None | str", "Optional[str]", "str | None | Literal[False]")
-_BOOL = ("bool", "bool | None", "None | bool", "Optional[bool]")
+from trainwell.args.fields import bool_fields, text_fields
+
 # Fields checked elsewhere with their own wording (output_dir: a path; choices: their enum's values).
 _ELSEWHERE = frozenset({"output_dir", "torch_compile_backend", "torch_compile_mode", "fsdp", "optim_args"})
 
 
 @functools.cache
-def _fields_of(cls: type, kinds: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls)
-                 if f.init and f.name not in _ELSEWHERE and (f.type if isinstance(f.type, str) else "") in kinds)
+def _checked(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.init and f.name not in _ELSEWHERE)
 
 
 def check_field_kinds(args: Any) -> None:
     """Raise ``ValueError`` for the first field holding a value of the wrong kind (see the module docstring)."""
     cls = type(args)
-    for name in _fields_of(cls, _TEXT):
+    checked = _checked(cls)
+    for name, (allows_none, allows_false) in text_fields(cls).items():
         value = getattr(args, name)
-        if value is None or isinstance(value, (str, os.PathLike)) or (value is False and _allows_false(cls, name)):
+        if name not in checked or value is None or isinstance(value, (str, os.PathLike)) or (
+                value is False and allows_false):
             continue
-        raise ValueError(f"{name}={value!r}: pass a string{'' if _required(cls, name) else ' (or None)'}.")
-    for name in _fields_of(cls, _BOOL):
+        raise ValueError(f"{name}={value!r}: pass a string{' (or None)' if allows_none else ''}.")
+    for name in bool_fields(cls):
+        if name not in checked:
+            continue
         value = getattr(args, name)
         if value is not None and not isinstance(value, bool) and value not in (0, 1):
             raise ValueError(f"{name}={value!r}: pass True or False.")
@@ -58,14 +61,3 @@ def check_fsdp_kind(value: Any) -> None:
     raise ValueError(f"fsdp={value!r}: pass True, an option string such as 'full_shard auto_wrap', a list of "
                      "option strings, or False.")
 
-
-def _annotation(cls: type, name: str) -> str:
-    return str(next(f for f in dataclasses.fields(cls) if f.name == name).type)
-
-
-def _required(cls: type, name: str) -> bool:
-    return "None" not in _annotation(cls, name)
-
-
-def _allows_false(cls: type, name: str) -> bool:
-    return "Literal[False]" in _annotation(cls, name)

@@ -28,6 +28,16 @@ def launched_processes() -> int:
         return 1
 
 
+#: what launchers (torchrun, accelerate launch, MPI) set in each process they start; Accelerate creates a process
+#: group only when it finds one of these
+_LAUNCHER_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def under_a_launcher() -> bool:
+    """Whether a launcher started this process (so Accelerate may create a process group in it)."""
+    return any(name in os.environ for name in _LAUNCHER_VARIABLES)
+
+
 def accelerate_cpu(args: Any) -> bool:
     """The ``cpu=`` to build Accelerate's state with for ``args``.
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from trainwell.args.aliases import ALIASES, AliasInitMeta
-from trainwell.args.fields import string_to_bool
+from trainwell.args.fields import declared_annotations, string_to_bool
 from trainwell.utils.errors import choice_error, did_you_mean
 
 _ALIAS_DEST = "trainwell_alias__"  # namespace prefix of the 4.x option names
@@ -158,7 +158,9 @@ def _resolve_hints(dtype: type) -> dict[str, Any]:
     except NameError:
         # A dataclass declared inside a function under `from __future__ import annotations` cannot be
         # resolved; its fields still parse, as plain strings, rather than failing the whole parser.
-        return {f.name: f.type if not isinstance(f.type, str) else str for f in dataclasses.fields(dtype)}
+        # Read from the declarations, not Field.type, which the reference's parser rewrites in place.
+        return {name: str if isinstance(annotation, str) else annotation
+                for name, annotation in declared_annotations(dtype).items()}
 
 
 class TrainwellArgumentParser(argparse.ArgumentParser):

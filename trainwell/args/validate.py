@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainwell.args.fields import coerce_bools, numeric_fields
+from trainwell.args.resilience import check_resilience
 from trainwell.outputs import IntervalStrategy, SaveStrategy, SchedulerType
 from trainwell.utils.errors import choice_error
 
@@ -360,6 +361,7 @@ def _check_choices(args: Any) -> None:
 
 _CHECKS: tuple[Callable[[Any], None], ...] = (
     _check_finite,
+    check_resilience,
     _check_sizes,
     _check_numbers,
     _check_ranges,

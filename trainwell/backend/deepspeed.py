@@ -54,6 +54,7 @@ class DeepSpeed(Engine):
     #: DeepSpeed divides a micro-batch's loss by the accumulation steps unless told not to: trainwell already
     #: scaled it by the micro-batch's share of the window (``trainwell.loop.accumulation``)
     backward_kwargs = {"scale_wrt_gas": False}
+    steps_its_own_optimizer = True
 
     def __init__(self, runtime: Any) -> None:
         super().__init__(runtime)

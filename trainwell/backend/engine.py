@@ -80,6 +80,9 @@ class Engine:
     own_checkpoint_hint: ClassVar[str] = ""
     #: the keyword arguments of Accelerate's ``backward`` under this engine
     backward_kwargs: ClassVar[dict[str, Any]] = {}
+    #: the engine clips and steps the optimizer itself, inside the window's last backward (DeepSpeed): the
+    #: Trainer's optimizer step is a no-op there, so ``skip_nonfinite_steps`` cannot guard it
+    steps_its_own_optimizer: ClassVar[bool] = False
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime

@@ -19,12 +19,12 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainwell.args.launcher import accelerate_cpu, launched_processes
+from trainwell.args.launcher import accelerate_cpu, launched_processes, under_a_launcher
 from trainwell.backend.data_parallel import DataParallel
 from trainwell.backend.deepspeed import DeepSpeed
 from trainwell.backend.engine import Engine
 from trainwell.backend.fsdp import FSDP2
-from trainwell.backend.precision import check_precision_supported
+from trainwell.backend.precision import note_cpu_fp16
 from trainwell.backend.tensor_parallel import TensorParallel
 
 if TYPE_CHECKING:
@@ -99,13 +99,17 @@ def build_accelerator(args: Any, model: Any = None) -> Any:
     _forget_earlier_engines(args)
     acc_cfg = _accelerator_config_dict(args)
     mixed_precision = getattr(args, "mixed_precision", None) or _precision_from_flags(args)
-    check_precision_supported(mixed_precision, args.device)
+    note_cpu_fp16(mixed_precision, args.device)
     dl_config = DataLoaderConfiguration(
         split_batches=acc_cfg.get("split_batches", False),
         dispatch_batches=acc_cfg.get("dispatch_batches"),
         even_batches=acc_cfg.get("even_batches", True),
-        # trainwell's own samplers are seeded and resumable; Accelerate must not swap them.
-        use_seedable_sampler=False,
+        # As the reference's Accelerator: a loader a subclass builds with a torch RandomSampler and prepares
+        # through ``trainer.accelerator`` (sentence-transformers does) gets Accelerate's seedable sampler, which
+        # the epoch loop's set_epoch reseeds with seed + epoch, so each epoch draws the reference's order and a
+        # resume replays it. trainwell's own sampler is no RandomSampler: Accelerate leaves it as it is.
+        use_seedable_sampler=acc_cfg.get("use_seedable_sampler", True),
+        data_seed=args.data_seed,
         # From pinned memory a non-blocking copy changes no result, and a blocking one makes the host wait for
         # the previous step's kernels before it can queue the next step: a hidden sync per step.
         non_blocking=acc_cfg.get("non_blocking", False) or bool(args.dataloader_pin_memory),
@@ -187,6 +191,10 @@ def _kwargs_handlers(args: Any) -> list[Any]:
     ddp_kwargs = {k: v for k, v in ddp_kwargs.items() if v is not None}
     if ddp_kwargs:
         handlers.append(DistributedDataParallelKwargs(**ddp_kwargs))
+    # The process group's settings, where one can be created: Accelerate reads them (at a cost: it builds a default
+    # handler to compare with, clearing and restoring os.environ, ~0.1 ms) even in a lone process that has none.
+    if args.ddp_backend is None and not (under_a_launcher() or args.deepspeed or args.fsdp):
+        return handlers
     pg_kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=args.ddp_timeout)}
     if args.ddp_backend is not None:
         pg_kwargs["backend"] = args.ddp_backend
@@ -294,7 +302,8 @@ def _accelerator_config_dict(args: Any) -> dict[str, Any]:
         )
     if cfg.get("use_seedable_sampler") is False:
         logger.warning(
-            "accelerator_config.use_seedable_sampler=False is ignored: trainwell samplers are always seeded from "
-            "data_seed or seed, which is what makes resume exact."
+            "accelerator_config.use_seedable_sampler=False applies only to a loader a subclass prepares through "
+            "trainer.accelerator, as on the reference: trainwell's own sampler is always seeded from data_seed or "
+            "seed, which is what makes resume exact."
         )
     return cfg

@@ -129,6 +129,8 @@ def _should_leave(trainer: Any, err: BaseException) -> bool:
     that ``auto_find_batch_size`` retries with a smaller batch (on every process)."""
     if not isinstance(err, Exception) or getattr(err, "_trainwell_left", False):
         return False
+    if getattr(err, "_trainwell_together", False):  # raised by every process alike (a rollback_on_spike rollback)
+        return False
     if trainer.args.auto_find_batch_size:
         from trainwell.utils.batch_size import is_out_of_memory
 

@@ -17,23 +17,37 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainwell.backend import outputs
+
 if TYPE_CHECKING:
     from trainwell.backend.engine import Engine
 
+logger = logging.getLogger(__name__)
 
-def check_precision_supported(mode: str, device: Any) -> None:
-    """fp16 on a CPU is an error: Accelerate would report fp16 and silently train in float32 there."""
+
+def note_cpu_fp16(mode: str, device: Any) -> None:
+    """fp16 on a CPU trains in float32, as on the reference (Accelerate runs neither fp16 autocast nor a grad scaler
+    there): said once per process, so 45 example scripts that set ``fp16=True`` run on a laptop, and nobody thinks
+    their CPU run was in half precision."""
     if mode == "fp16" and getattr(device, "type", device) == "cpu":
-        raise ValueError(
-            "fp16=True (mixed_precision='fp16') on a CPU: Accelerate runs neither fp16 autocast nor a grad scaler "
-            "on the CPU, so training would silently stay in float32. Use bf16=True (CPU autocast runs bfloat16), "
-            "or train on a GPU."
-        )
+        _say_fp16_does_nothing_on_a_cpu()
+
+
+@functools.cache
+def _say_fp16_does_nothing_on_a_cpu() -> None:
+    logger.warning(
+        "fp16=True (mixed_precision='fp16') does nothing on a CPU: there is no fp16 autocast or grad scaler there, so "
+        "this run trains in float32, as the reference does. Use bf16=True for mixed precision on a CPU, or train on "
+        "a GPU."
+    )
 
 
 class Precision:
@@ -50,6 +64,10 @@ class Precision:
         self._scaler = accelerator.scaler
         self.mode: str = str(accelerator.mixed_precision)
         self.direct: bool = self._scaler is None and engine.direct_gradients
+        #: fp16 with an engine that adds nothing to backward and clipping: the grad scaler is called directly, as a
+        #: hand-written loop calls it (Accelerate's backward divides the loss by its accumulation steps, always 1
+        #: here: a kernel per micro-batch; its clipping with clipping off multiplies every gradient by 1.0)
+        self.scaled_direct: bool = self._scaler is not None and engine.direct_gradients
         #: only fp16 ever skips a step (an overflow: Accelerate's grad scaler, or an engine's own loss scaling)
         self.can_skip_steps: bool = self._scaler is not None or engine.skips_steps
         self._backward_kwargs = engine.backward_kwargs
@@ -57,6 +75,8 @@ class Precision:
         self.eval_dtype: torch.dtype | None = (
             torch.float16 if args.fp16_full_eval else torch.bfloat16 if args.bf16_full_eval else None
         )
+        #: the float32 cast of the prepared model's outputs (``trainwell.backend.outputs``), None without one
+        self.output_cast: outputs.OutputCast | None = None
         if getattr(args, "tf32", None) is not None and accelerator.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
             torch.backends.cudnn.allow_tf32 = bool(args.tf32)
@@ -67,6 +87,25 @@ class Precision:
         if self.mode not in ("fp16", "bf16"):
             return contextlib.nullcontext()
         return self._accelerator.autocast()
+
+    def prepared(self, model: torch.nn.Module) -> None:
+        """Take over the output cast Accelerate put on the prepared ``model`` (none in full precision)."""
+        if self.mode in ("fp16", "bf16"):
+            self.output_cast = outputs.OutputCast.take_over(model)
+
+    def unobserved_loss(self, forward: Callable[[], Any], extract: Callable[[Any], Any]) -> Any:
+        """``extract(forward())``, the loss of a forward whose other outputs nobody sees: without the float32 cast
+        of every output (a pass over the logits a hand-written loop does not make), the loss cast alone."""
+        if self.output_cast is None:
+            return extract(forward())
+        return outputs.float32_loss(extract(self.output_cast.unobserved(forward)))
+
+    def as_prepared(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """An evaluation's context: the forward under autocast with float32 outputs, as a prepared model's (also
+        before training has prepared it, as the reference prepares it for evaluation); nothing in full precision."""
+        if self.mode not in ("fp16", "bf16"):
+            return contextlib.nullcontext()
+        return outputs.as_prepared(model, self._accelerator.autocast)
 
     def evaluation_copy(self, model: torch.nn.Module) -> torch.nn.Module | None:
         """A copy of ``model`` in ``eval_dtype`` for ``*_full_eval``; None when evaluation runs as trained.
@@ -83,6 +122,8 @@ class Precision:
         """Backpropagate ``loss`` (scaled first under fp16)."""
         if self.direct:
             loss.backward()
+        elif self.scaled_direct:
+            self._scaler.scale(loss).backward()
         else:
             self._accelerator.backward(loss, **self._backward_kwargs)
 
@@ -93,7 +134,9 @@ class Precision:
         never multiplies every gradient by 1.0 as ``clip_grad_norm_`` would: a pass over the gradients that a
         hand-written loop does not make.
         """
-        if self.direct:
+        if self.scaled_direct:
+            self._accelerator.unscale_gradients()  # the optimizer's step then uses the unscaled gradients as they are
+        if self.direct or self.scaled_direct:
             if math.isinf(max_norm):
                 return torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
             return torch.nn.utils.clip_grad_norm_(parameters, max_norm)

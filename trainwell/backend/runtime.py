@@ -128,16 +128,19 @@ class Runtime:
         if self._prepared is not None and optimizer is self._prepared[1]:
             return self._prepared[0], optimizer, scheduler  # a later train() call with the same model and optimizer
         model, optimizer, scheduler = self.engine.prepare(model, optimizer, scheduler, num_training_steps)
+        self.precision.prepared(model)
         self._prepared = (model, optimizer)
         return model, optimizer, scheduler
 
-    def prepare_dataloader(self, dataloader: Any) -> Any:
+    def prepare_dataloader(self, dataloader: Any, as_reference: bool = False) -> Any:
         """Shard across processes and place batches on the device.
 
         A single process on the CPU gets the loader back untouched: there is nothing to shard or move, and the
-        wrapper costs a recursive device copy per batch that the per-step overhead budget cannot afford.
+        wrapper costs a recursive device copy per batch that the per-step overhead budget cannot afford. With
+        ``as_reference`` it is prepared by Accelerate there too, as the reference prepares every loader (for a
+        sampler that is not trainwell's, whose order Accelerate's seedable sampler then decides).
         """
-        if not self.distributed and self.device.type == "cpu":
+        if not self.distributed and self.device.type == "cpu" and not as_reference:
             if getattr(dataloader, "batch_size", None) is not None:
                 # what Accelerate's loaders carry and scripts read: the batch over all processes
                 dataloader.total_batch_size = dataloader.batch_size
@@ -146,6 +149,19 @@ class Runtime:
 
         # a sampler that already yields this rank's micro-batches must not be sharded again (batch_rebalance)
         return keep_rank_batches(self.accelerator.prepare_data_loader(dataloader), dataloader.batch_sampler)
+
+    @staticmethod
+    def skip_first_batches(dataloader: Any, num_batches: int) -> Any | None:
+        """A loader that starts ``num_batches`` batches into ``dataloader``'s pass, as the reference resumes one
+        (Accelerate's ``skip_first_batches``: the batch sampler skips their indices, nothing is loaded), or None
+        when ``dataloader`` reads iterable data (no indices to skip: its batches must be read to pass them)."""
+        from torch.utils.data import DataLoader, IterableDataset
+
+        if not isinstance(dataloader, DataLoader) or isinstance(dataloader.dataset, IterableDataset):
+            return None
+        from accelerate.data_loader import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches)
 
     def compiled(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` compiled as training compiles it (one wrapper per model, kept), or ``model`` itself.

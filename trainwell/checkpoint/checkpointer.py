@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from trainwell.checkpoint import contents, disks, manifest
 from trainwell.checkpoint.background import BackgroundWriter, HostStaging
 from trainwell.checkpoint.contents import Phase
+from trainwell.checkpoint.finite import check_finite_weights
 from trainwell.checkpoint.io import AtomicDirectory, CheckpointFiles, load_rng_file, safe_torch_load, writing
 from trainwell.checkpoint.layout import (
     TRAINER_STATE_NAME,
@@ -175,6 +176,7 @@ class Checkpointer:
         if background is not None:
             background.wait()  # the previous save is published before this one reuses the host buffers
         final = checkpoint_path(run_dir, state.global_step)
+        _check_weights(hooks, final)  # NaN weights are never published: the previous checkpoint stays the newest
         atomic = AtomicDirectory(final)
         if args.should_save:
             atomic.create()
@@ -224,6 +226,7 @@ class Checkpointer:
     def write_into(self, folder: str) -> None:
         """A complete checkpoint written straight into ``folder``, without publishing, rotation or best-model
         bookkeeping: a copy handed to another tool (Ray Tune's trial checkpoints)."""
+        _check_weights(self.hooks, folder)
         os.makedirs(folder, exist_ok=True)
         with filehash.recording(folder) as recorder:
             contents.write_pieces(self.hooks, folder, self.provided)
@@ -312,6 +315,12 @@ class Checkpointer:
         if self.resume is not None and os.fspath(checkpoint) == self.resume.path:
             return self.resume.files
         return CheckpointFiles(checkpoint)
+
+
+def _check_weights(hooks: Owner, checkpoint: Any) -> None:
+    runtime = hooks.runtime
+    gather = runtime.all_gather_object if runtime.distributed else None
+    check_finite_weights(hooks.model, str(checkpoint), gather, runtime.process_index)
 
 
 def _write_trainer_state(hooks: Owner, folder: str) -> None:

@@ -167,8 +167,11 @@ def _lock_file(output_dir: str) -> int | None:
     if left:
         logger.warning("Taking over the lock of %s left by a run that ended without releasing it (%s).",
                        output_dir, _describe(left))
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(_this_process()).encode(), 0)
+    # Written, then cut to its length: truncating to zero first would make ext4 (auto_da_alloc) flush the file to
+    # disk when it is closed, a 3-4 ms wait at the end of every train() call.
+    record = json.dumps(_this_process()).encode()
+    os.pwrite(fd, record, 0)
+    os.ftruncate(fd, len(record))
     return fd
 
 

@@ -155,7 +155,7 @@ class Resume:
         if best is not None and not os.path.isdir(best):
             logger.warning("The best checkpoint %s recorded in the resumed state no longer exists.", best)
             state.best_model_checkpoint = None
-        warn_changed_arguments(self.path, state, args, plan.max_steps)
+        warn_changed_arguments(self.path, state, args, plan.max_steps, self.files.json_or_none(TRAINING_ARGS_NAME))
         self.epoch, windows = plan.position_at(state.global_step, state.epoch, state.max_steps)
         self.windows_done = 0 if args.ignore_data_skip else windows
         before = checkpoint_global_batch(self.files, state)
@@ -170,17 +170,30 @@ class Resume:
         return state
 
 
-def warn_changed_arguments(path: str, saved: TrainerState, args: Any, max_steps: int) -> None:
-    """Warn, naming each one, about the step intervals and batch size that differ from the checkpoint's run.
+def warn_changed_arguments(path: str, saved: TrainerState, args: Any, max_steps: int,
+                           saved_args: dict[str, Any] | None = None) -> None:
+    """Warn once, naming each one, about the step intervals, batch size and learning-rate schedule values that
+    differ from the checkpoint's run (``trainwell.optim.schedule_change``: warmup, total steps, the learning rate
+    from the next step on), before and after.
 
     This run's values apply (as in the reference, whose warning says the opposite but whose loop does this).
+    ``saved_args``: the checkpoint's ``training_args.json``, as parsed when it was found (None: unknown).
     """
+    from trainwell.optim.schedule_change import schedule_changes, schedule_of
+
     current = TrainerState()
     current.compute_steps(args, max_steps)
     pairs = {f"{kind}_steps": (getattr(saved, f"{kind}_steps"), getattr(current, f"{kind}_steps"))
              for kind in ("logging", "eval", "save")}
     pairs["per_device_train_batch_size"] = (saved.train_batch_size, args.per_device_train_batch_size)
     changed = [f"{name}: {old} -> {new}" for name, (old, new) in pairs.items() if old is not None and old != new]
+    saved_args = saved_args if isinstance(saved_args, dict) else {}
+    schedule = schedule_changes(schedule_of(saved_args, saved.max_steps) if saved_args else None,
+                                schedule_of(args, max_steps), saved.global_step)
+    if schedule:
+        changed.append(f"the learning-rate schedule (max_steps {saved.max_steps} -> {max_steps}): "
+                       + "; ".join(schedule) + f". To keep the checkpoint's schedule, resume with max_steps="
+                       f"{saved.max_steps} and its warmup_steps, lr_scheduler_type and lr_scheduler_kwargs")
     if changed:
         logger.warning("Resuming from %s with arguments that differ from its run (this run's apply): %s.",
                        path, "; ".join(changed))

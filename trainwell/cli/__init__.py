@@ -29,6 +29,19 @@ class CliError(Exception):
     """A problem with what the user asked for: printed as one line, exit status 2."""
 
 
+def no_cuda_message(flag: str) -> str:
+    """Why ``flag`` (``--device cuda``) cannot be honoured, and the fix: a CPU-only build of torch cannot use a GPU
+    at all (install a CUDA build), while a CUDA build that sees no GPU needs a visible device."""
+    import torch
+
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return (f"{flag}: this torch ({torch.__version__}) is a CPU-only build: it cannot use a GPU. Install a CUDA "
+                "build of torch (the command for your CUDA version is on https://pytorch.org/get-started/locally/, "
+                "e.g. pip install torch --index-url https://download.pytorch.org/whl/cu128), or use --device cpu.")
+    return (f"{flag}: torch {torch.__version__} (built for CUDA {torch.version.cuda or torch.version.hip}) sees no "
+            "GPU: check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device auto or cpu.")
+
+
 def compact_console(trainer: Any) -> None:
     """One short line per log on the console (``trainwell.events.progress.compact_log``) for a run the command
     line starts: its progress or printer callback is switched to ``compact``. Only the command line does this; a
@@ -81,4 +94,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-__all__ = ["CliError", "build_parser", "compact_console", "main"]
+__all__ = ["CliError", "build_parser", "compact_console", "main", "no_cuda_message"]

@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from trainwell.cli import CliError, compact_console
+from trainwell.cli import CliError, compact_console, no_cuda_message
 
 # ~2 minutes on a 2-core CPU for the "small" model (measured; see docs/cli.md, `trainwell demo`).
 DEFAULT_STEPS = 1000
@@ -46,7 +46,7 @@ def _check_device(device: str) -> None:
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
-        raise CliError("--device cuda: no CUDA device is visible to torch. Use --device auto or cpu.")
+        raise CliError(no_cuda_message("--device cuda"))
     if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise CliError("--device mps: the MPS backend is not available. Use --device auto or cpu.")
 
@@ -115,14 +115,17 @@ def run(ns: argparse.Namespace) -> int:
         print("\ninterrupted while setting up, before any training step; nothing was saved. Run the same command "
               "again to carry on.")
         return 130
+    first_step = (_state_step(resume) or 0) if resume else 0
     try:
         result = trainer.train(resume_from_checkpoint=True if resume else None)
     except KeyboardInterrupt:  # enable_jit_checkpoint saved the step in progress first (unless Ctrl-C twice)
-        _say_interrupted(ns, trainer.state.global_step)
+        _say_interrupted(ns, trainer.state.global_step, first_step)
+        if not ns.no_report:
+            _interrupted_report(ns.output_dir)
         return 130
     trainer.save_model()
     trainer.save_state()
-    _finish(ns, trainer, result, started)
+    _finish(ns, trainer, result, started, first_step)
     return 0
 
 
@@ -143,12 +146,29 @@ def _build_trainer(ns: argparse.Namespace, resume: str | None) -> Any:
           f"({len(corpus.train) / 1e6:.1f} MB), {corpus.validation_files} other files for validation")
     if resume:
         print(f"resuming from {resume} (another --output-dir starts afresh)")
+    # The tokenizer writes task.json beside the model and into every checkpoint: `trainwell predict` rebuilds the
+    # model from it (the built-in "transformer" of this size over bytes) and reads its input as bytes.
     trainer = _make_trainer_class()(model=model, args=training_arguments(ns, bool(resume)), train_dataset=train,
-                                    eval_dataset=validation)
+                                    eval_dataset=validation, processing_class=demo_tokenizer(ns.size, block))
     compact_console(trainer)  # one short line per log above the bar, not two wrapped lines of quoted strings
     print(f"device: {trainer.args.device}; training to step {ns.steps} in {ns.output_dir} "
-          "(Ctrl-C saves a checkpoint of the step in progress, then stops)\n")
+          "(Ctrl-C saves a checkpoint of the step in progress, then stops)")
+    print(f"watch it live in a browser: trainwell report --watch {ns.output_dir}  (in another terminal)\n")
     return trainer
+
+
+def demo_tokenizer(size: str, block_size: int) -> Any:
+    """The demo's tokenizer (bytes), carrying the ``task.json`` that makes its model usable by ``trainwell
+    predict``: a causal LM over bytes, the built-in ``transformer`` of ``size`` with 256 ids."""
+    from trainwell.cli.tasks import TASK_FILE
+    from trainwell.cli.tokenizer import ByteTokenizer
+
+    task = {"task": "causal-lm", "text_column": "text", "block_size": block_size,
+            "model": {"builtin": "transformer", "kwargs": {"vocab_size": 256, "block_size": block_size, "size": size}},
+            "tokenizer": ByteTokenizer.NAME, "pad_token_id": None, "eos_token_id": None,
+            # the sample's sampling: a byte model's single most probable next byte is mostly a space
+            "generation": {"temperature": 0.8, "top_k": 40}}
+    return ByteTokenizer({TASK_FILE: task})
 
 
 def _finished_step(output_dir: str, checkpoint: str | None) -> int | None:
@@ -182,7 +202,7 @@ def _say_complete(ns: argparse.Namespace, done: int) -> None:
         print(f"The run report: {report}")
 
 
-def _say_interrupted(ns: argparse.Namespace, step: int) -> None:
+def _say_interrupted(ns: argparse.Namespace, step: int, first_step: int = 0) -> None:
     from trainwell.checkpoint.resume import get_last_checkpoint
 
     last = get_last_checkpoint(ns.output_dir) if os.path.isdir(ns.output_dir) else None
@@ -192,10 +212,25 @@ def _say_interrupted(ns: argparse.Namespace, step: int) -> None:
         where = f"from {last}, saved just now"
     else:
         where = f"from {last}"
-    print(f"\ninterrupted at step {step}. Run the same command again to resume {where}.")
+    # Before its first step a resumed session has not read the checkpoint's step yet (its state says 0).
+    when = f"at step {step}" if step > first_step else "before this session's first step"
+    print(f"\ninterrupted {when}. Run the same command again to resume {where}.")
 
 
-def _finish(ns: argparse.Namespace, trainer: Any, result: Any, started: float) -> None:
+def _interrupted_report(output_dir: str) -> None:
+    """The report of an interrupted run (from its newest checkpoint and its live log), or the command that makes
+    it when it cannot be written now."""
+    from trainwell.report import write_report
+
+    try:
+        report = write_report(output_dir)
+    except (OSError, ValueError) as err:
+        print(f"the run report was not written ({err}); `trainwell report {output_dir}` writes it.")
+        return
+    print(f"the run report so far: {report.html}" + (f"  ({report.note})" if report.note else ""))
+
+
+def _finish(ns: argparse.Namespace, trainer: Any, result: Any, started: float, first_step: int) -> None:
     evals = _eval_losses(trainer.state.log_history)
     if not evals or evals[-1][0] != trainer.state.global_step:
         metrics = trainer.evaluate()
@@ -207,8 +242,10 @@ def _finish(ns: argparse.Namespace, trainer: Any, result: Any, started: float) -
     print("-" * 79)
     print(f"validation loss: {first:.3f} at step {s0} (perplexity {_perplexity(first):.1f}) -> "
           f"{last:.3f} at step {s1} (perplexity {_perplexity(last):.1f})")
-    print(f"training: {result.global_step} steps, {result.metrics.get('train_runtime', 0):.1f} s this session; "
-          f"wall time {time.monotonic() - started:.1f} s")
+    session = (f"steps {first_step}-{result.global_step}, resumed at {first_step}" if first_step else
+               f"steps 0-{result.global_step}")
+    print(f"training: {result.global_step - first_step} steps this session ({session}), "
+          f"{result.metrics.get('train_runtime', 0):.1f} s; wall time {time.monotonic() - started:.1f} s")
     out = ns.output_dir
     print("\nwhere everything is:")
     print(f"  model weights    {os.path.join(out, 'model.safetensors')}")
@@ -216,6 +253,7 @@ def _finish(ns: argparse.Namespace, trainer: Any, result: Any, started: float) -
     print(f"  checkpoints      {out}/checkpoint-*  (to train further: the same command with --steps "
           f"{2 * result.global_step})")
     print(f"  trainer state    {os.path.join(out, 'trainer_state.json')}")
+    print(f"  use the model    trainwell predict {out} 'def '  (a continuation of each text given)")
     if not ns.no_report:
         from trainwell.report import write_report
 

@@ -32,7 +32,7 @@ from torch import nn
 
 from trainwell.cli import CliError
 from trainwell.cli.tasks import TASK_FILE, TASKS, Task
-from trainwell.cli.tokenizer import TextTokenizer, load_tokenizer
+from trainwell.cli.tokenizer import ByteTokenizer, TextTokenizer, load_tokenizer
 
 _CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 _NOT_A_RUN = ("pass the output_dir of a `trainwell train` run with a task: section (text-classification or "
@@ -42,10 +42,11 @@ _NOT_A_RUN = ("pass the output_dir of a `trainwell train` run with a task: secti
 # --- finding and reading what a run saved -------------------------------------------------------------------------
 
 
-def run_folder(path: str | os.PathLike[str]) -> str:
+def run_folder(path: str | os.PathLike[str], newest_checkpoint: bool = False) -> str:
     """The folder holding ``task.json`` that ``path`` names: the folder itself, or the ``output_dir`` of a config
-    file (relative to the current directory, as ``trainwell train`` writes it). ``CliError`` saying what the
-    folder is instead and what to pass, when it holds no model trained with a task."""
+    file (relative to the current directory, as ``trainwell train`` writes it); with ``newest_checkpoint``, a run
+    that has not saved its final model (interrupted, or still training) gives its newest checkpoint holding one.
+    ``CliError`` saying what the folder is instead and what to pass, when it holds no model trained with a task."""
     path = os.fspath(path)
     if os.path.isfile(path) and os.path.basename(path) == TASK_FILE:
         path = os.path.dirname(path) or "."
@@ -57,6 +58,12 @@ def run_folder(path: str | os.PathLike[str]) -> str:
         raise CliError(f"{path!r} is a file, not a run folder; {_NOT_A_RUN}.")
     if os.path.lexists(os.path.join(path, TASK_FILE)):  # a link or a FIFO there is named when it is read
         return path
+    if newest_checkpoint:
+        from trainwell.checkpoint.resume import get_last_checkpoint
+
+        newest = get_last_checkpoint(path)
+        if newest is not None and os.path.isfile(os.path.join(newest, TASK_FILE)):
+            return newest
     raise CliError(_why_not_a_run(path))
 
 
@@ -126,6 +133,8 @@ def _tokenizer(folder: str, saved: dict[str, Any], trust_remote_code: bool) -> T
     is installed), else its ``tokenizer.json``; the special ids the run used come from ``task.json``."""
     import importlib.util
 
+    if saved.get("tokenizer") == ByteTokenizer.NAME:  # the demo's: bytes are the ids, nothing to read
+        return ByteTokenizer()
     has_config = os.path.isfile(os.path.join(folder, "tokenizer_config.json"))
     if has_config and importlib.util.find_spec("transformers") is not None:
         tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
@@ -232,7 +241,9 @@ def _device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise CliError("device cuda: no CUDA device is visible to torch. Use auto or cpu.")
+        from trainwell.cli import no_cuda_message
+
+        raise CliError(no_cuda_message("--device cuda"))
     return torch.device(device)
 
 

@@ -39,9 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "jsonl or csv; default: text on stdout, else from --output's suffix")
     parser.add_argument("--batch-size", type=int, default=32, help="texts classified at once (default 32)")
     parser.add_argument("--max-new-tokens", type=int, default=50, help="causal LM: tokens to generate (default 50)")
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="causal LM: 0 (default) takes the most probable token; above 0 samples")
-    parser.add_argument("--top-k", type=int, default=40, help="causal LM: sample among the k most probable tokens")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="causal LM: 0 takes the most probable token; above 0 samples (default: 0, or what "
+                             "the run's task.json suggests: the demo's 0.8)")
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="causal LM: sample among the k most probable tokens (default 40, or the task.json's)")
     parser.add_argument("--seed", type=int, default=0, help="causal LM: the seed of sampling")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="let transformers run the code the run folder's config names (a custom model or "
@@ -55,12 +57,18 @@ def run(ns: argparse.Namespace) -> int:
 
     # The run, the output and the input are checked before the model is loaded.
     fmt = _output_format(ns.output, ns.format)
-    folder = run_folder(ns.run)
-    task, _ = read_task(folder)
+    folder = run_folder(ns.run, newest_checkpoint=True)
+    if os.path.normpath(folder) != os.path.normpath(ns.run) and not os.path.isfile(ns.run):
+        print(f"{ns.run} has no final model yet (interrupted, or still training): using its newest checkpoint, "
+              f"{folder}", file=sys.stderr)
+    task, saved = read_task(folder)
     texts = read_texts(ns.texts, ns.data, ns.text_column or task.text_column, sys.stdin)
+    suggested = _generation_defaults(saved)
+    temperature = ns.temperature if ns.temperature is not None else suggested.get("temperature", 0.0)
+    top_k = ns.top_k if ns.top_k is not None else suggested.get("top_k", 40)
     trained = load_trained(folder, device=ns.device, trust_remote_code=ns.trust_remote_code)
     rows = trained.predict(texts, batch_size=ns.batch_size, max_new_tokens=ns.max_new_tokens,
-                           temperature=ns.temperature, top_k=ns.top_k, seed=ns.seed)
+                           temperature=temperature, top_k=top_k, seed=ns.seed)
     if ns.output is None:
         write_predictions(rows, sys.stdout, fmt, trained.task.name)
         return 0
@@ -69,6 +77,22 @@ def run(ns: argparse.Namespace) -> int:
     print(f"{len(rows)} predictions ({trained.task.name}, the model in {trained.path}) written to {ns.output}",
           file=sys.stderr)
     return 0
+
+
+def _generation_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """The sampling a run's ``task.json`` suggests (``"generation": {"temperature": T, "top_k": K}``; the demo's
+    byte model writes 0.8 and 40, since its most probable next byte is mostly a space); values that are not
+    numbers in range are left out."""
+    suggested = saved.get("generation")
+    if not isinstance(suggested, dict):
+        return {}
+    out: dict[str, Any] = {}
+    temperature, top_k = suggested.get("temperature"), suggested.get("top_k")
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and 0 <= temperature <= 10:
+        out["temperature"] = float(temperature)
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 0:
+        out["top_k"] = top_k
+    return out
 
 
 def _output_format(output: str | None, fmt: str | None) -> str:

@@ -38,12 +38,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smooth", default=None, type=_weight, metavar="WEIGHT",
                         help="train loss smoothing: exponential-average weight in [0, 1) drawn over the faint raw "
                              "curve; 0 turns it off (default: auto, from the number of points)")
+    parser.add_argument("--watch", action="store_true",
+                        help="serve a live page on localhost that follows the runs while they train (reads only "
+                             "the run folders; writes nothing); Ctrl-C stops it")
+    parser.add_argument("--port", type=int, default=0, metavar="N",
+                        help="--watch: the port on 127.0.0.1 (default: a free one, printed)")
 
 
 def run(ns: argparse.Namespace) -> int:
     import os
 
     from trainwell.cli import CliError
+
+    if ns.watch:
+        return _watch(ns)
+    if ns.port:
+        raise CliError(f"--port {ns.port} is for --watch (the live page); a written report needs no port.")
     from trainwell.report import write_comparison, write_report
     from trainwell.report.history import expand_search_folders
 
@@ -68,4 +78,43 @@ def run(ns: argparse.Namespace) -> int:
     print(f"\nreport: {report.html}")
     for image in report.images:
         print(f"  plot: {image}")
+    return 0
+
+
+def _watch(ns: argparse.Namespace) -> int:
+    """Serve the live page until Ctrl-C (``trainwell.report.watch``)."""
+    import os
+    from pathlib import Path
+
+    from trainwell.cli import CliError
+    from trainwell.report.watch import watch_runs
+
+    if ns.out is not None or ns.x != "step":
+        given = "--out" if ns.out is not None else f"--x {ns.x}"
+        raise CliError(f"{given} is for a written report; the live page (--watch) writes nothing and plots against "
+                       "steps. Drop it, or run trainwell report without --watch.")
+    if not 0 <= ns.port <= 65535:
+        raise CliError(f"--port {ns.port}: pass a port number from 1 to 65535 (or 0 for a free one).")
+    for path in ns.runs:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path!r}: no such run folder (in {os.getcwd()}); pass a run's output_dir (it "
+                                    "may still be empty: the page waits for the run to log).")
+    paths = [Path(p) for p in ns.runs]
+    names = [p.resolve().name or str(p) for p in paths]
+    if len(set(names)) < len(names):
+        names = [str(p) for p in paths]
+    try:
+        server = watch_runs([str(p) for p in paths], names, port=ns.port, smoothing=ns.smooth)
+    except OSError as err:
+        raise CliError(f"cannot listen on 127.0.0.1:{ns.port} ({err.strerror or err}): pass another --port, or "
+                       "--port 0 for a free one.") from None
+    print(f"watching {', '.join(names)}: open {server.url} in a browser (it follows the run folders; a new log "
+          "shows within about two seconds). Ctrl-C stops.", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        print("\nstopped watching.")
+    finally:
+        server.watcher.stop()
+        server.server_close()
     return 0

@@ -88,6 +88,35 @@ class TextTokenizer:
                 f.write("\n")
 
 
+class ByteTokenizer(TextTokenizer):
+    """UTF-8 bytes as the token ids 0-255, no special tokens: the tokenizer of ``trainwell demo``'s byte-level model.
+
+    ``save_pretrained`` writes only ``extra_files`` (the demo's ``task.json``, which names this tokenizer as
+    ``"tokenizer": "bytes"``); there is no file to read it back from, and none is needed. Decoding replaces an
+    incomplete or invalid UTF-8 sequence with U+FFFD.
+    """
+
+    NAME = "bytes"
+
+    def __init__(self, extra_files: dict[str, Any] | None = None) -> None:
+        super().__init__(None, self.NAME, "bytes (UTF-8)", None, None, 256)
+        self.extra_files = dict(extra_files or {})
+        self.model_input_names = ["input_ids"]
+
+    def encode(self, texts: list[str], max_length: int | None = None) -> list[list[int]]:
+        return [list(text.encode("utf-8"))[:max_length] for text in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def save_pretrained(self, folder: str) -> None:
+        os.makedirs(folder, exist_ok=True)
+        for name, content in self.extra_files.items():
+            with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+                json.dump(content, f, indent=2)
+                f.write("\n")
+
+
 def _where(given: Any) -> str:
     return given.explain() if isinstance(given, ConfigPath) else f"{str(given)!r} (in {os.getcwd()})"
 

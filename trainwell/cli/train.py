@@ -130,7 +130,13 @@ def _train(sections: dict[str, Any], args: Any) -> int:
     trainer = Trainer(args=args, **parts)
     compact_console(trainer)
     resume = _resume_target(sections.get("resume_from_checkpoint"), args.output_dir)
-    result = trainer.train(resume_from_checkpoint=resume)
+    if args.should_save:
+        print(f"watch it live in a browser: trainwell report --watch {args.output_dir}  (in another terminal)")
+    try:
+        result = trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:
+        _interrupted(trainer.state.global_step, args, report=sections.get("report", True))
+        return 130
     trainer.save_model()
     trainer.save_state()
     print(f"\ntrained {result.global_step} steps; train loss {result.training_loss:.4g}")
@@ -155,3 +161,27 @@ def _train(sections: dict[str, Any], args: Any) -> int:
         report = write_report(args.output_dir)
         print(f"run report: {report.html}" + (f" ({report.note})" if report.note else ""))
     return 0
+
+
+def _interrupted(step: int, args: Any, report: bool) -> None:
+    """Ctrl-C during training: where the run stands, how to resume it, and its report so far (from its newest
+    checkpoint and its live log), or the command that writes it."""
+    from trainwell.checkpoint.resume import get_last_checkpoint
+
+    newest = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    print(f"\ninterrupted at step {step}.", end=" ")
+    if newest is None:
+        print("No checkpoint was saved yet: the same command starts again from the first step.")
+    else:
+        print(f"To resume from {newest}, run the same command with --resume_from_checkpoint auto (or set "
+              "resume_from_checkpoint: auto in the config).")
+    if not (report and args.should_save):
+        return
+    from trainwell.report import write_report
+
+    try:
+        written = write_report(args.output_dir)
+    except (OSError, ValueError) as err:
+        print(f"the run report was not written ({err}); `trainwell report {args.output_dir}` writes it.")
+        return
+    print(f"the run report so far: {written.html}" + (f" ({written.note})" if written.note else ""))

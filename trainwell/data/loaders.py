@@ -271,10 +271,14 @@ class EvalLoaders:
     def __init__(self) -> None:
         self._kept: dict[int, tuple[Any, Any]] = {}
 
-    def get(self, dataset: Any, collator: Callable, columns: Sequence[str] | None, args: Any, runtime: Any) -> Any:
-        """The loader of ``dataset`` in dataset order, sharded without duplicates across processes.
+    def get(self, dataset: Any, collator: Callable, columns: Sequence[str] | None, args: Any, runtime: Any,
+            batch_size: int | None = None, sampler_fn: Callable[[Any], Any] | None = None) -> Any:
+        """The loader of ``dataset`` in dataset order, sharded without duplicates across processes; or, when
+        ``sampler_fn`` returns a sampler for it (a subclass's ``_get_eval_sampler``), the reference's loader with that
+        sampler (prepared by Accelerate, which pads the last batches of the other processes with repeated samples).
 
-        ``columns``: the sample keys to keep (see :func:`without_unused_columns`).
+        ``columns``: the sample keys to keep (see :func:`without_unused_columns`); ``batch_size``: by default
+        ``eval_batch_size``.
         """
         persistent = args.dataloader_persistent_workers and args.dataloader_num_workers > 0
         kept = self._kept.get(id(dataset))
@@ -282,12 +286,17 @@ class EvalLoaders:
             return kept[1]
         original = dataset
         dataset, collator = without_unused_columns(dataset, collator, columns)
-        loader = build_eval_dataloader(
-            dataset, batch_size=args.eval_batch_size, collate_fn=collator, args=args,
-            rank=runtime.data_parallel_rank, world=runtime.data_parallel_size,
-        )
-        if not runtime.distributed:  # sharded loaders are never handed to Accelerate (it would add duplicates)
-            loader = runtime.prepare_dataloader(loader)
+        batch_size = args.eval_batch_size if batch_size is None else batch_size
+        sampler = sampler_fn(dataset) if sampler_fn is not None and not is_iterable(dataset) else None
+        if sampler is not None:
+            loader = runtime.prepare_dataloader(build_dataloader(
+                dataset, batch_size=batch_size, collate_fn=collator, args=args, sampler=sampler, train=False,
+                rank=runtime.process_index), as_reference=True)
+        else:
+            loader = build_eval_dataloader(dataset, batch_size=batch_size, collate_fn=collator, args=args,
+                                           rank=runtime.data_parallel_rank, world=runtime.data_parallel_size)
+            if not runtime.distributed:  # sharded loaders are never handed to Accelerate (it would add duplicates)
+                loader = runtime.prepare_dataloader(loader)
         if persistent:
             self._kept[id(original)] = (original, loader)
         return loader

@@ -8,8 +8,9 @@ position of a stateful ``IterableDataset`` (``trainwell.data.position``). They t
 
 ``Trainer.get_train_dataloader()`` returns only the loader (the reference's contract, which subclasses
 override); the feed is attached to that loader object, and :meth:`TrainFeed.of` finds it again. A loader built
-elsewhere (an override) gets a plain feed: its epochs are started with ``set_epoch`` where it has one, and a
-resume replays the consumed batches. Walking epochs is ``trainwell.loop.epochs``.
+elsewhere (an override) gets a plain feed: its epochs are started with ``set_epoch`` as the reference's are, and a
+resume skips its consumed batches at its batch sampler (map-style data) or replays them (iterable data). Walking
+epochs is ``trainwell.loop.epochs``.
 """
 
 from __future__ import annotations
@@ -131,10 +132,26 @@ def is_stateful(dataset: Any, num_workers: int) -> bool:
     return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
 
 
+def is_resumable(sampler: Any) -> bool:
+    """Whether ``sampler`` is one of trainwell's: an order that ``set_epoch`` selects and ``skip`` starts mid-pass."""
+    return callable(getattr(sampler, "set_epoch", None)) and callable(getattr(sampler, "skip", None))
+
+
 def build_train_feed(
     dataset: Any, collator: Callable, sampler: Any, args: Any, runtime: Any, batch_size: int
 ) -> TrainFeed:
-    """The training loader over ``dataset`` (columns already removed) with ``sampler``, prepared by ``runtime``."""
+    """The training loader over ``dataset`` (columns already removed) with ``sampler``, prepared by ``runtime``.
+
+    A sampler that is not trainwell's (a subclass's ``_get_train_sampler`` returning torch's ``RandomSampler``,
+    TRL's ``RepeatSampler``...) gets the reference's loader: prepared by Accelerate (which swaps a ``RandomSampler``
+    for its seedable one), epochs started with ``set_epoch``, a resume skipping at its batch sampler."""
+    if sampler is not None and not is_resumable(sampler):
+        loader = loaders.build_dataloader(dataset, batch_size=batch_size, collate_fn=collator, args=args,
+                                          sampler=sampler, train=True, rank=runtime.process_index)
+        prepared = runtime.prepare_dataloader(loader, as_reference=True)
+        feed = TrainFeed(prepared)
+        setattr(prepared, _ATTACHED, feed)
+        return feed
     position = DataPosition(dataset) if is_stateful(dataset, args.dataloader_num_workers) else None
     if position is not None:
         collator = position.wrap_collate(collator)

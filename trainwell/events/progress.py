@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from trainwell.events.above_bar import LogsAboveBar
 from trainwell.events.callback import TrainerCallback
 from trainwell.state import TrainerControl, TrainerState
 
@@ -95,6 +96,19 @@ def compact_log(logs: Mapping[str, Any], max_str_len: int | None = None) -> tupl
     return kind, "  ".join(pairs + tail)
 
 
+def _is_training_log(logs: Mapping[str, Any]) -> bool:
+    """A training log (``loss``, ``learning_rate``...), not an evaluation's nor the end-of-``train()`` summary."""
+    return compact_log_kind(logs) == "train"
+
+
+def compact_log_kind(logs: Mapping[str, Any]) -> str:
+    """``"done"`` (the end-of-``train()`` summary), ``"eval"`` (an evaluation, found by its ``PREFIX_runtime``) or
+    ``"train"``."""
+    if "train_loss" in logs or "train_samples_per_second" in logs:
+        return "done"
+    return "eval" if any(k.endswith("_runtime") and k != "train_runtime" for k in logs) else "train"
+
+
 def _compact_head(kind: str, state: TrainerState) -> str:
     if kind == "train":
         return f"step {state.global_step}/{state.max_steps}" if state.max_steps > 0 else f"step {state.global_step}"
@@ -106,7 +120,9 @@ def apply_log_level(args: Any) -> None:
     (``args.should_log``), else ``log_level_replica``; ``"passive"`` keeps the library's verbosity (the
     application's choice stands, or ``transformers``' when a script raised it). The Trainer calls this once,
     when it is built (``trainwell.wiring.set_up_process``)."""
-    logging.getLogger("trainwell").setLevel(args.get_process_log_level())
+    ours, level = logging.getLogger("trainwell"), args.get_process_log_level()
+    if ours.level != level:  # setLevel clears the cache of every logger of the process, even to the same level
+        ours.setLevel(level)
 
 
 def _format_duration(seconds: float) -> str:
@@ -243,6 +259,7 @@ class ProgressCallback(TrainerCallback):
         self.prediction_bar: Any = None
         self.current_step = 0
         self._training = False
+        self._above_bar: LogsAboveBar | None = None
 
     @property
     def stream(self) -> TextIO:
@@ -271,6 +288,9 @@ class ProgressCallback(TrainerCallback):
         self._plain = self.plain_interval > 0 and state.is_world_process_zero and not interactive
         if interactive:
             self.training_bar = self._bar(pace=self.pace, total=state.max_steps, initial=state.global_step)
+            # messages logged meanwhile (Ctrl-C's "Received SIGINT") start on a line of their own, above the bar
+            self._above_bar = LogsAboveBar(type(self.training_bar))
+            self._above_bar.install()
 
     def on_step_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         now = self._clock()
@@ -312,7 +332,8 @@ class ProgressCallback(TrainerCallback):
         else:
             kind, shown = "", str(format_logs(logs, self.max_str_len))
         if self.training_bar is not None:
-            self._update_postfix(logs)
+            if _is_training_log(logs):  # an evaluation's or the summary's keys would replace the loss shown
+                self._update_postfix(logs)
             self.training_bar.write(f"{_compact_head(kind, state)}  {shown}" if kind else shown)
         else:
             # A log follows a step end: its time stands for now, without another clock read.
@@ -325,6 +346,9 @@ class ProgressCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._training = False
+        if self._above_bar is not None:
+            self._above_bar.uninstall()
+            self._above_bar = None
         if self.training_bar is not None:
             self.training_bar.close()
             self.training_bar = None

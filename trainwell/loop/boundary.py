@@ -14,6 +14,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from trainwell.backend.runtime import mean_loss_sum
+from trainwell.backend.stall import HEART
 from trainwell.events.monitor import greater_is_better, is_improvement, metric_key
 from trainwell.loop.metric_checks import is_metric_number
 from trainwell.optim.schedulers import steps_on_metrics
@@ -45,7 +46,12 @@ def log(hooks: TrainerHooks, logs: dict[str, float], start_time: float | None = 
             seen = state.num_input_tokens_seen - run.initial_tokens_seen
             logs.update(speed_metrics("train", start_time, num_tokens=seen))
     state.log_history.append({**logs, "step": state.global_step})
+    if run is not None and run.live_log is not None:  # at log time only: one line appended to the run folder
+        run.live_log.append(state.log_history[-1])
     hooks.control = hooks.callback_handler.on_log(hooks.args, state, hooks.control, logs)
+    spikes = getattr(run, "spikes", None)  # rollback_on_spike: judged once the loss is logged and shown
+    if spikes is not None and "loss" in logs and hooks.is_in_train:
+        spikes.check(state)
 
 
 def maybe_log_save_evaluate(
@@ -55,14 +61,19 @@ def maybe_log_save_evaluate(
     """Log the loss since the last log, evaluate, then save, each when its control flag is set."""
     control, state = hooks.control, hooks.state
     throughput = getattr(hooks.training_run, "throughput", None)  # log_throughput's window in progress
+    guard = getattr(hooks.training_run, "guard", None)  # skip_nonfinite_steps: its count joins the log's one read
     if control.should_log and state.global_step > tr_loss.last_logged_step:
-        loss_sum, grad_norm = tr_loss.read_window(lambda total: mean_loss_sum(hooks.runtime, total), grad_norm)
+        extras = (grad_norm,) if guard is None else (grad_norm, guard.unread())
+        loss_sum, grad_norm, *skips = tr_loss.read_window(lambda total: mean_loss_sum(hooks.runtime, total), *extras)
         tr_loss.logged_total += loss_sum
         logs: dict[str, float] = {"loss": loss_sum / (state.global_step - tr_loss.last_logged_step)}
         if grad_norm is not None:
             logs["grad_norm"] = grad_norm
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
+        skipped = guard.settle(skips[0], for_log=True) if guard is not None else 0
+        if skipped:
+            logs["skipped_nonfinite_steps"] = skipped
         if throughput is not None:
             logs.update(throughput.take())
         tr_loss.last_logged_step = state.global_step
@@ -78,7 +89,11 @@ def maybe_log_save_evaluate(
             if hooks.args.save_strategy == "best":
                 hooks.control.should_save = is_new_best
         if hooks.control.should_save:
+            if guard is not None:
+                guard.settle_now()  # skipped steps move the schedule back before it is saved (docs/resilience.md)
+            HEART.beats += 1  # step_timeout: a save is progress, at its start and at its end
             hooks._save_checkpoint(model, trial)
+            HEART.beats += 1
             hooks.control = hooks.callback_handler.on_save(hooks.args, hooks.state, hooks.control)
 
 

@@ -5,7 +5,8 @@ loader as the reference's is seeded: ``TrainFeed.start_epoch``), skipping what a
 consumed, and cutting the epoch's micro-batches into accumulation windows (``StepPlan.window_size``).
 Skipping is as cheap as the data allows:
 
-* map-style data skips at the sampler: nothing is loaded or collated to skip it;
+* map-style data skips at the sampler: nothing is loaded or collated to skip it (in a loader a subclass built,
+  at its batch sampler, as the reference does: ``Runtime.skip_first_batches``);
 * a stateful ``IterableDataset`` (``state_dict``/``load_state_dict``) is set to its saved position;
 * any other iterable data is replayed: the consumed batches are read again and dropped (documented cost);
   resuming in a later pass over a stream without ``set_epoch`` reads the earlier passes too, since its order
@@ -60,15 +61,23 @@ class EpochIterator:
         if resuming_here:
             if self._pending is not None and isinstance(batches, ReadAhead):
                 batches.reread(self._pending)  # the batch read ahead before the checkpoint, read the same way again
+            if self.consumed and self.feed.generator is None:
+                # A loader a subclass built draws its pass's worker seed from the global RNG as it starts: the
+                # reference reads the resumed window first and restores the RNG after (its ``rng_to_sync``).
+                return self._windows(batches, skip_windows, lambda: self.checkpointer.restore(Phase.RNG))
             self.checkpointer.restore(Phase.RNG)
             if self.consumed == 0 and self.feed.generator is not None:
                 draw_loader_seed()  # the epoch began after the saved state in the run that saved: draw as it did
         return self._windows(batches, skip_windows)
 
-    def _windows(self, batches: Iterator[Any], window: int) -> Iterator[list[Any]]:
+    def _windows(self, batches: Iterator[Any], window: int, after_first: Any = None) -> Iterator[list[Any]]:
+        """The windows from ``window`` on; ``after_first`` is called once the first one is read."""
         while True:
             size = self.plan.window_size(window)
             taken = [batch for _, batch in zip(range(size), batches)]
+            if after_first is not None:
+                after_first, call = None, after_first
+                call()
             if not taken:
                 return
             self.consumed += len(taken)
@@ -82,6 +91,10 @@ class EpochIterator:
             skip = 0
         if resuming_here and self.replay and feed.sampler is None and not restored and not self.plan.sized:
             self._replay_earlier_passes(epoch)
+        if skip and feed.sampler is None:
+            skipping = self.hooks.runtime.skip_first_batches(loader, skip)  # a loader built by a subclass
+            if skipping is not None:
+                loader, skip = skipping, 0
         if feed.sampler is not None:
             feed.sampler.set_epoch(epoch)
         if feed.generator is not None and resuming_here:
@@ -93,6 +106,11 @@ class EpochIterator:
         target = loader if hasattr(loader, "set_epoch") else feed.dataset
         if hasattr(target, "set_epoch") and target is not feed.sampler:
             target.set_epoch(epoch)
+        # Nor do they forward it to a batch sampler they wrapped (to shard it, or to skip into it): the reference
+        # reaches it, so a subclass's epoch-seeded batch sampler (sentence-transformers') draws each epoch anew.
+        wrapped = getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None)
+        if hasattr(wrapped, "set_epoch") and wrapped is not feed.sampler:
+            wrapped.set_epoch(epoch)
         if skip and feed.sampler is not None:
             feed.sampler.skip(skip * feed.indices_per_batch)
             return self._read_ahead(iter(loader))

@@ -24,9 +24,9 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
+from trainwell.backend.stall import HEART
 from trainwell.data.loaders import has_length
 from trainwell.data.sharding import step_counts
 from trainwell.loop.accumulation import find_batch_size
@@ -101,12 +101,14 @@ def evaluation_loop(
         hooks.optimizer.eval()  # schedule-free optimizers evaluate with their averaged weights
     hooks.callback_handler.eval_dataloader = dataloader
     run = _EvalRun(hooks, dataloader, description, prediction_loss_only)
-    # Under fp16/bf16 the forward runs in the autocast it trains in, also before training, when Accelerate has
-    # not wrapped the model's forward yet (as the reference, which prepares the model for evaluation). A
-    # *_full_eval copy already has its dtype.
+    # Under fp16/bf16 the forward runs in the autocast it trains in and returns float32 outputs, also before
+    # training, when Accelerate has not wrapped the model's forward yet (as the reference, which prepares the model
+    # for evaluation): compute_loss overrides and compute_loss_func see what they see in training. A *_full_eval
+    # copy already has its dtype.
     as_trained = hooks.precision.eval_dtype is None
-    with hooks.precision.autocast() if as_trained else contextlib.nullcontext():
+    with hooks.precision.as_prepared(model) if as_trained else contextlib.nullcontext():
         for step, (item, is_last) in enumerate(_with_last(dataloader)):
+            HEART.beats += 1  # step_timeout's progress counter
             run.step(model, step, item, is_last, ignore_keys)
             hooks.control = hooks.callback_handler.on_prediction_step(args, hooks.state, hooks.control)
     return run.finish(metric_key_prefix)
@@ -251,7 +253,6 @@ class _EvalRun:
             metrics = checked_metrics(trainer.compute_metrics(prediction), trainer.compute_metrics)
         metrics = to_python(dict(metrics))
         if losses is not None and len(losses):
-            losses = np.asarray(losses, dtype=np.float64).tolist()
             metrics[f"{prefix}_loss"] = finite_mean(losses, args.logging_nan_inf_filter)
         dataset = getattr(self.dataloader, "dataset", None)
         num_samples = len(dataset) if has_length(dataset) else self.observed

@@ -27,8 +27,10 @@ from trainwell.backend.runtime import gather_loss_sum
 from trainwell.checkpoint.contents import Phase
 from trainwell.data.train_loader import TrainFeed
 from trainwell.loop.epochs import EpochIterator
+from trainwell.loop.live_log import LiveLog
 from trainwell.loop.plan import StepPlan
 from trainwell.loop.progress import TrainingRun
+from trainwell.loop.rollback import DataSkips
 from trainwell.loop.step import OptimizerStep
 from trainwell.outputs import TrainOutput
 from trainwell.state import TrainerState
@@ -36,26 +38,9 @@ from trainwell.utils.metrics import speed_metrics
 
 if TYPE_CHECKING:
     from trainwell.checkpoint.checkpointer import Checkpointer
-    from trainwell.checkpoint.resume import Resume
     from trainwell.hooks import TrainerHooks
 
 logger = logging.getLogger(__name__)
-
-
-def _announce(hooks: TrainerHooks, plan: StepPlan, resume: Resume | None) -> None:
-    """The summary users know from the reference's log, at INFO on the main process."""
-    args = hooks.args
-    epochs = plan.num_train_epochs if plan.sized else "unknown (max_steps)"
-    logger.info(
-        "***** Running training *****\n  Num examples = %s\n  Num Epochs = %s\n  Instantaneous batch size per "
-        "device = %d\n  Total train batch size (w. parallel, distributed & accumulation) = %d\n  Gradient "
-        "Accumulation steps = %d\n  Total optimization steps = %d\n  Number of trainable parameters = %s",
-        f"{plan.num_examples:,}", epochs, args.per_device_train_batch_size, plan.total_train_batch_size,
-        args.gradient_accumulation_steps, plan.max_steps, f"{hooks.get_num_trainable_parameters():,}",
-    )  # fmt: skip
-    if resume is not None:
-        logger.info("  Continuing training from checkpoint %s, at step %d (epoch %d)", resume.path,
-                    hooks.state.global_step, resume.epoch)
 
 
 class FitLoop:
@@ -79,6 +64,8 @@ class FitLoop:
         self._init_state(plan)
         model = self._prepare(plan, loader)
         run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader))
+        if args.should_save:  # each log in the run folder as it happens, for `trainwell report --watch`
+            run.live_log = self._live_log(plan)
         epochs = EpochIterator(hooks, run.feed, plan, checkpointer)
         self._register(run, epochs)
         self.step = OptimizerStep(hooks, model, run)
@@ -86,9 +73,10 @@ class FitLoop:
         self.model, self.run = model, run
         hooks.model.zero_grad(set_to_none=True)  # the module itself: an engine's zero_grad takes no arguments
         if hooks.runtime.is_main_process:
-            _announce(hooks, plan, resume)
+            self._announce(plan)
         self._fire("on_train_begin")
         self.step.listen()
+        self.skips = DataSkips.of(hooks.state)  # rollback_on_spike's skipped steps, as log_history records them
         if args.eval_on_start:
             hooks._evaluate(self.trial, self.ignore_keys, skip_scheduler=True)
         # The whole tree in train mode, as the reference's every step does: a module built around a loaded model
@@ -114,7 +102,24 @@ class FitLoop:
             checkpointer.wait()  # save_async: the last checkpoint is published before the best one is reloaded
         finally:
             checkpointer.finish_quietly()  # training failed: still let a checkpoint in flight reach the disk
+            if self.step.guard is not None:
+                self.step.guard.close()
         return self._finish()
+
+    def _announce(self, plan: StepPlan) -> None:
+        """The summary users know from the reference's log, at INFO on the main process."""
+        hooks, args, resume = self.hooks, self.args, self.resume
+        epochs = plan.num_train_epochs if plan.sized else "unknown (max_steps)"
+        logger.info(
+            "***** Running training *****\n  Num examples = %s\n  Num Epochs = %s\n  Instantaneous batch size per "
+            "device = %d\n  Total train batch size (w. parallel, distributed & accumulation) = %d\n  Gradient "
+            "Accumulation steps = %d\n  Total optimization steps = %d\n  Number of trainable parameters = %s",
+            f"{plan.num_examples:,}", epochs, args.per_device_train_batch_size, plan.total_train_batch_size,
+            args.gradient_accumulation_steps, plan.max_steps, f"{hooks.get_num_trainable_parameters():,}",
+        )  # fmt: skip
+        if resume is not None:
+            logger.info("  Continuing training from checkpoint %s, at step %d (epoch %d)", resume.path,
+                        hooks.state.global_step, resume.epoch)
 
     def _fire(self, event: str) -> None:
         hooks = self.hooks
@@ -130,6 +135,10 @@ class FitLoop:
         hooks.state = TrainerState(stateful_callbacks=[*hooks.callback_handler.callbacks, hooks.control])
         self.checkpointer.restore(Phase.STATE)  # resuming: the checkpoint's state, and where its data stands
         state = hooks.state
+        self.rollback = hooks._pending_rollback  # rollback_on_spike went back to this checkpoint: record why
+        if self.rollback is not None:
+            state.log_history.append(self.rollback)
+            hooks._pending_rollback = None
         state.is_hyper_param_search = self.trial is not None
         state.train_batch_size = plan.total_train_batch_size // (plan.accumulation * hooks.runtime.data_parallel_size)
         state.compute_steps(args, plan.max_steps)
@@ -152,6 +161,13 @@ class FitLoop:
         handler.train_dataloader = loader
         return model
 
+    def _live_log(self, plan: StepPlan) -> LiveLog:
+        """The run folder's live log, its session line written (``trainwell.loop.live_log``)."""
+        state, resume = self.hooks.state, self.resume
+        return LiveLog.begin(self.hooks._get_output_dir(self.trial), state.global_step,
+                             resume.path if resume is not None else None, plan.max_steps, state.num_input_tokens_seen,
+                             rollback=self.rollback)
+
     def _register(self, run: TrainingRun, epochs: EpochIterator) -> None:
         """Hand the checkpointer the loop's parts that a checkpoint keeps: the ``CONTENTS`` rows that no Trainer
         method restores (the Trainer's parts are saved and restored by its methods)."""
@@ -170,6 +186,9 @@ class FitLoop:
             window = next(windows, None)
             if window is None:
                 break
+            if hooks.state.global_step >= self.skips.next_from:  # a step rollback_on_spike skips: read, dropped
+                self._pass_over(epoch, epochs)
+                continue
             started = time.perf_counter() if self.timing_compile else 0.0
             self.step.run_window(window)
             if self.timing_compile:
@@ -186,6 +205,18 @@ class FitLoop:
             hooks.control.should_training_stop = True
         self._fire("on_epoch_end")
         self._boundary(epoch)
+
+    def _pass_over(self, epoch: int, epochs: EpochIterator) -> None:
+        """Count a skipped step without training on its batches (no event, no log, no optimizer or scheduler step);
+        after the last of a skipped range the log window starts afresh."""
+        state = self.hooks.state
+        state.global_step += 1
+        state.epoch = epoch + epochs.consumed / self.run.plan.steps_in_epoch
+        if not self.skips.skips(state.global_step + 1):
+            self.skips.advance(state.global_step)
+            self.run.losses.restart_window(state.global_step)
+        if state.global_step >= self.run.plan.max_steps:
+            self.hooks.control.should_training_stop = True
 
     def _log_compile_time(self, seconds: float) -> None:
         self.timing_compile = False
@@ -212,6 +243,9 @@ class FitLoop:
         hooks.store_flos()
         metrics["total_flos"] = state.total_flos
         metrics["train_loss"] = train_loss
+        skipped = self.step.guard.finish() if self.step.guard is not None else 0
+        if skipped:  # skip_nonfinite_steps: every step this call did not apply
+            metrics["skipped_nonfinite_steps"] = skipped
         if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
             hooks._load_best_model()
         if self.add_memory is not None:

@@ -78,12 +78,22 @@ def compute_loss(trainer: Any, model: torch.nn.Module, inputs: Mapping[str, Any]
         labels = inputs.pop("labels")
     if trainer.model_accepts_loss_kwargs and num_items_in_batch is not None:
         inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
+    if not return_outputs and trainer.compute_loss_func is None and trainer.precision.output_cast is not None:
+        # Only the loss leaves: the float32 cast of every other output (Accelerate's, under fp16/bf16) would be a
+        # pass over the logits that nobody sees (label smoothing casts the logits it reads itself)
+        return trainer.precision.unobserved_loss(lambda: model_utils.call_forward(model, inputs),
+                                                 lambda outputs: _loss_of(trainer, outputs, labels, num_items_in_batch))
     outputs = model_utils.call_forward(model, inputs)
-    if trainer.compute_loss_func is not None:
-        loss = trainer.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-    elif labels is not None:
-        loss = label_smoothed_loss(logits_of(outputs), labels, trainer.label_smoother,
-                                   shift_labels=trainer.model_info.shifts_labels, num_items_in_batch=num_items_in_batch)
-    else:
-        loss = model_utils.extract_loss(outputs)
+    loss = _loss_of(trainer, outputs, labels, num_items_in_batch)
     return (loss, outputs) if return_outputs else loss
+
+
+def _loss_of(trainer: Any, outputs: Any, labels: Any, num_items_in_batch: torch.Tensor | int | None) -> Any:
+    """The loss of ``outputs``: ``compute_loss_func``'s, label smoothing's (``labels`` taken out of the batch), or the
+    model's own."""
+    if trainer.compute_loss_func is not None:
+        return trainer.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+    if labels is not None:
+        return label_smoothed_loss(logits_of(outputs), labels, trainer.label_smoother,
+                                   shift_labels=trainer.model_info.shifts_labels, num_items_in_batch=num_items_in_batch)
+    return model_utils.extract_loss(outputs)

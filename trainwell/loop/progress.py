@@ -22,11 +22,13 @@ import torch
 
 from trainwell.backend.runtime import gather_loss_sum
 from trainwell.checkpoint.checkpointer import Provider
+from trainwell.loop.rollback import SpikeWatch
 from trainwell.utils.throughput import ThroughputWindow, non_embedding_parameters, peak_flops
 
 if TYPE_CHECKING:
     from trainwell.data.train_loader import TrainFeed
     from trainwell.hooks import TrainerHooks
+    from trainwell.loop.live_log import LiveLog
     from trainwell.loop.plan import StepPlan
 
 
@@ -70,6 +72,8 @@ class LossTracker:
         self.finite: Any = 0  #: of those, the finite ones (a device tensor on an accelerator)
         self.empty: Any = 0  #: micro-batches since the last take whose labels are all -100 (when counted)
         self.warned: set[str] = set()
+        #: skip_nonfinite_steps guards the optimizer step: a non-finite loss leaves the weights as they were
+        self.guarded = False
 
     def add(self, loss: torch.Tensor, steps_since_log: int) -> None:
         # A non-finite loss is replaced by the mean loss per step since the last log, as the reference does.
@@ -102,6 +106,13 @@ class LossTracker:
         same steps as the uninterrupted run's: the loss sum since the last log (``mean_over_processes`` of it: a
         collective, as at a log step) and that log's step."""
         return {"loss_sum": mean_over_processes(self.total), "last_logged_step": self.last_logged_step}
+
+    def restart_window(self, step: int) -> None:
+        """Start the log window afresh at ``step``, dropping what it held (the steps a rollback skips past end it:
+        the next log averages only steps trained after them)."""
+        self._take_total()
+        self.last_logged_step = step
+        self.added, self.finite, self.empty = 0, 0, 0
 
     def restore_window(self, saved: dict[str, Any]) -> None:
         """Continue the saved log window. Its losses belong to the earlier call, so ``logged_total`` (this call's
@@ -139,11 +150,13 @@ class LossTracker:
             self.warned.add("nonfinite")
             filtered = ("logging_nan_inf_filter=True logged the running mean in their place, which hides it"
                         if self.nan_inf_filter else "the logged loss is NaN/inf")
+            weights = ("skip_nonfinite_steps did not apply those steps, so the weights are as before them"
+                       if self.guarded else "The weights are likely NaN now")
             warnings.warn(
                 f"The training loss was NaN or infinite on every one of the {added} micro-batches {since}: "
-                f"{filtered}. The weights are likely NaN now. Lower learning_rate, set max_grad_norm (e.g. 1.0), "
-                "use bf16 instead of fp16, and check the data (a batch whose labels are all -100 has a NaN mean "
-                "loss).", RuntimeWarning, stacklevel=2)
+                f"{filtered}. {weights}. Lower learning_rate, set max_grad_norm (e.g. 1.0), use bf16 instead of "
+                "fp16, and check the data (a batch whose labels are all -100 has a NaN mean loss).",
+                RuntimeWarning, stacklevel=2)
         if empty and "empty" not in self.warned:
             self.warned.add("empty")
             warnings.warn(
@@ -165,9 +178,13 @@ class TrainingRun:
         self.initial_global_step = state.global_step
         self.initial_tokens_seen = state.num_input_tokens_seen
         self.losses = LossTracker(runtime.device, args.logging_nan_inf_filter, last_logged_step=state.global_step)
+        #: ``skip_nonfinite_steps``'s guard (``trainwell.loop.guard.StepGuard``), set by the optimizer step
+        self.guard: Any = None
+        #: ``rollback_on_spike``'s watch over the logged loss (``trainwell.loop.rollback.SpikeWatch``; None: off)
+        self.spikes = SpikeWatch(args.rollback_on_spike) if args.rollback_on_spike is not None else None
         #: the log window in progress, as a checkpoint keeps it: its loss sum averaged over processes (a collective,
         #: as at a log step); a resume continues it
-        self.log_window = Provider(lambda: self.losses.window(lambda total: gather_loss_sum(runtime, total)),
+        self.log_window = Provider(lambda: self._window(lambda total: gather_loss_sum(runtime, total)),
                                    self._continue_window)
         self.tokens_pending: Any = 0
         self.token_mode = args.include_num_input_tokens_seen
@@ -178,10 +195,21 @@ class TrainingRun:
         optimizer = getattr(hooks.optimizer, "optimizer", hooks.optimizer)
         #: schedule-free optimizers keep separate train/eval weights: ``train()``/``eval()`` switch them
         self.optimizer_has_modes = has_train_eval_modes(optimizer)
+        #: the run folder's live log (``trainwell.loop.live_log``), on the process that saves; set by the fit loop
+        self.live_log: LiveLog | None = None
+
+    def _window(self, mean_over_processes: Any) -> dict[str, Any]:
+        window = self.losses.window(mean_over_processes)
+        if self.guard is not None and self.guard.pending:  # skipped steps the next log reports
+            window["skipped_nonfinite_steps"] = self.guard.pending
+        return window
 
     def _continue_window(self, saved: Any) -> None:
         if isinstance(saved, dict):  # anything else is not a log window trainwell wrote: the window starts afresh
             self.losses.restore_window(saved)
+            skipped = saved.get("skipped_nonfinite_steps")
+            if self.guard is not None and isinstance(skipped, int) and skipped > 0:
+                self.guard.pending = skipped
 
     def count_tokens(self, inputs: Any) -> None:
         """Add one micro-batch's input tokens (``include_num_input_tokens_seen``) to the pending count."""

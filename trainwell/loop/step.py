@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainwell.backend.stall import HEART
 from trainwell.loop.accumulation import count_items, loss_factors
+from trainwell.loop.guard import StepGuard
 from trainwell.optim.schedulers import steps_on_metrics
 from trainwell.utils.model import accepts_keyword
 
@@ -70,6 +72,11 @@ class OptimizerStep:
         self.grad_norm: Any = None
         self.learning_rate: float | None = None
         self.listening: dict[str, bool] = {}
+        #: ``skip_nonfinite_steps`` (None: off); the log/save boundary reads its count through the run
+        self.guard = run.guard = StepGuard.of(hooks)
+        self.sums_loss = self.guard is not None and self.guard.with_loss
+        run.losses.guarded = self.guard is not None
+        self.window_loss: Any = None
 
     def listen(self) -> None:
         """Note which per-step events have listeners, once the callbacks are settled (after on_train_begin)."""
@@ -91,7 +98,9 @@ class OptimizerStep:
             self._fire("on_step_begin")
         else:
             hooks.control._new_step()  # the flag reset the handler would do, without the dispatch
+        heart = HEART  # step_timeout's progress counter: a plain int add per micro-batch
         for i, inputs in enumerate(batches):
+            heart.beats += 1
             hooks.micro_batch_loss_scale = factors[i] if factors is not None else None
             with self.micro_batch(self.model, i == last):
                 if self.step_takes_items:
@@ -99,6 +108,8 @@ class OptimizerStep:
                 else:
                     loss = hooks.training_step(self.model, inputs)
             losses.add(loss, state.global_step - losses.last_logged_step)
+            if self.sums_loss:  # the guard's view of the window's loss: one add per micro-batch after the first
+                self.window_loss = loss if i == 0 else self.window_loss + loss
             if self.counts_flops:
                 hooks.current_flos += hooks.floating_point_ops(inputs)
             if self.run.counts_tokens:
@@ -106,6 +117,7 @@ class OptimizerStep:
             if i != last and self.listening["on_substep_end"]:
                 self._fire("on_substep_end")
         self._optimizer_step()
+        heart.beats += 1  # and one per optimizer step done (the watchdog arms once the first one is)
 
     def _window_scaling(self, batches: list[Any]) -> tuple[torch.Tensor | int | None, list[Any] | None]:
         """``num_items_in_batch`` for the window and each micro-batch's loss factor (None: leave as is)."""
@@ -123,14 +135,19 @@ class OptimizerStep:
 
     def _optimizer_step(self) -> None:
         hooks = self.hooks
+        guard = self.guard
         self.grad_norm = self.precision.clip_grad_norm_(self.params, self.max_norm)
         if self.listening["on_pre_optimizer_step"]:
             self._fire("on_pre_optimizer_step")
+        if guard is not None and not guard.scaler_skips:
+            guard.decide(self.grad_norm, self.window_loss)
         hooks.optimizer.step()
+        skipped = self.precision.can_skip_steps and self.precision.step_was_skipped  # fp16 overflow
+        if guard is not None and guard.undoes:
+            guard.after_step(skipped)
         if self.listening["on_optimizer_step"]:
             self._fire("on_optimizer_step")
         self.learning_rate = hooks._get_learning_rate()
-        skipped = self.precision.can_skip_steps and self.precision.step_was_skipped  # fp16 overflow
         if not self.scheduler_on_metrics and not skipped:
             hooks.lr_scheduler.step()
         self.drop_gradients(self.params)

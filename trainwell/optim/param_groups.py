@@ -69,10 +69,12 @@ def get_decay_parameter_names(model: nn.Module) -> list[str]:
     return get_parameter_names(model, NO_DECAY_MODULE_TYPES, NO_DECAY_NAME_PATTERNS)
 
 
-def build_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def build_param_groups(model: nn.Module, weight_decay: float,
+                       decay_names: list[str] | None = None) -> list[dict[str, Any]]:
     """The optimizer parameter groups for ``model``.
 
-    Group 0 holds the trainable parameters in :func:`get_decay_parameter_names` with ``weight_decay``; group 1
+    Group 0 holds the trainable parameters in ``decay_names`` (default :func:`get_decay_parameter_names`: a
+    Trainer passes its own method's, which a subclass may override) with ``weight_decay``; group 1
     holds the other trainable parameters with ``weight_decay=0.0``. Only ``requires_grad`` parameters are
     included, in ``named_parameters()`` order. Both groups are always there, even empty or with
     ``weight_decay=0``: that is the reference's layout, so an ``optimizer.pt`` written by either Trainer loads
@@ -82,7 +84,7 @@ def build_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, 
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not trainable:
         return []  # nothing to optimize: the optimizer's own "empty parameter list" error says so
-    decay = set(get_decay_parameter_names(model))
+    decay = set(get_decay_parameter_names(model) if decay_names is None else decay_names)
     groups = [
         {"params": [p for n, p in trainable if n in decay], "weight_decay": weight_decay},
         {"params": [p for n, p in trainable if n not in decay], "weight_decay": 0.0},

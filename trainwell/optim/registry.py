@@ -371,7 +371,8 @@ def _is_factory(cls: Any) -> bool:
 
 
 def create_optimizer(
-    model: nn.Module, args: Any, optimizer_cls_and_kwargs: tuple[Any, dict[str, Any]] | None = None
+    model: nn.Module, args: Any, optimizer_cls_and_kwargs: tuple[Any, dict[str, Any]] | None = None,
+    decay_names: list[str] | None = None,
 ) -> torch.optim.Optimizer:
     """Build the optimizer for ``model``: weight-decay param groups (see
     :func:`~trainwell.optim.param_groups.build_param_groups`) handed to ``cls(groups, **kwargs)``.
@@ -379,8 +380,9 @@ def create_optimizer(
     ``(cls, kwargs)`` is ``optimizer_cls_and_kwargs`` when given (the Trainer argument of that name), else
     :func:`get_optimizer_cls_and_kwargs`. A ``cls`` that is not an Optimizer subclass is a factory, called as
     ``cls()(model, **kwargs)``. ``params`` / ``model`` / ``optimizer_dict`` in kwargs replace the groups (in that
-    order of precedence, last wins). The caller's kwargs dict is not modified. With 8-bit bitsandbytes
-    optimizers, ``nn.Embedding`` weights are kept in 32-bit optimizer state.
+    order of precedence, last wins). ``decay_names``: the parameters that get weight decay (see
+    :func:`~trainwell.optim.param_groups.build_param_groups`). The caller's kwargs dict is not modified. With 8-bit
+    bitsandbytes optimizers, ``nn.Embedding`` weights are kept in 32-bit optimizer state.
     """
     cls, kwargs = optimizer_cls_and_kwargs or get_optimizer_cls_and_kwargs(args, model)
     kwargs = dict(kwargs)
@@ -391,7 +393,7 @@ def create_optimizer(
         if key in kwargs:
             target = kwargs.pop(key)
     if target is None:
-        target = build_param_groups(model, args.weight_decay)
+        target = build_param_groups(model, args.weight_decay, decay_names)
         if not target:
             raise ValueError("the model has no parameter with requires_grad=True: there is nothing to optimize")
     optimizer = cls(target, **kwargs)

@@ -347,3 +347,28 @@ def current_learning_rate(scheduler: Any, optimizer: Optimizer) -> float:
     if steps_on_metrics(scheduler):
         return optimizer.param_groups[0]["lr"]
     return scheduler.get_last_lr()[0]
+
+
+def rewind(scheduler: Any, steps: int) -> bool:
+    """Move a step-based ``scheduler`` back by ``steps`` steps, as if it had not stepped for them (the optimizer
+    steps ``skip_nonfinite_steps`` did not apply); False when it cannot be moved back (its schedule then counts
+    them). ``LambdaLR`` (every schedule :func:`get_scheduler` builds) and torch's schedulers with a closed form
+    are set from their formula, so the learning rates are those of a run that never took the steps."""
+    inner = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper
+    if steps <= 0 or steps_on_metrics(inner):
+        return True
+    if isinstance(inner, LambdaLR):
+        inner.last_epoch -= steps
+        lrs = [base * fn(inner.last_epoch) for fn, base in zip(inner.lr_lambdas, inner.base_lrs, strict=True)]
+    elif callable(getattr(inner, "_get_closed_form_lr", None)):
+        inner.last_epoch -= steps
+        lrs = inner._get_closed_form_lr()
+    else:
+        return False
+    for group, lr in zip(inner.optimizer.param_groups, lrs, strict=True):
+        if hasattr(group["lr"], "fill_"):  # a tensor learning rate (fused or capturable optimizers) stays one
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+    inner._last_lr = [float(group["lr"]) for group in inner.optimizer.param_groups]
+    return True

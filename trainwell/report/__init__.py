@@ -23,6 +23,7 @@ from trainwell.report import page
 from trainwell.report.curves import AXES, AxisError, build_axis, shared_axes
 from trainwell.report.files import report_folder
 from trainwell.report.history import RunHistory, load_run, summary, summary_text
+from trainwell.report.incidents import incidents
 from trainwell.report.plots import matplotlib_available
 from trainwell.report.tables import comparison_rows, info_rows, session_rows, text_table
 from trainwell.utils.safe_files import UnsafePathError
@@ -69,7 +70,8 @@ def write_report(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
         head = summary(run)
         text = summary_text(run, head)
         out.write_text("summary.txt", text + "\n")
-        tables = [("Sessions", page.rows_table(session_rows(run)) if len(run.sessions) > 1 else ""),
+        tables = [("Sessions", page.rows_table(session_rows(run)) if len(run.sessions) > 1 or incidents(run)
+                   else ""),
                   ("Hyperparameters", page.key_value_table(run.info) if run.info else "")]
         html_path = out.write_text("index.html", page.render(
             f"trainwell run report: {run.name}", [head], images, note, run.log, tables=tables))

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainwell.report.incidents import EVENT_KEYS
 from trainwell.report.sessions import PrefixMax, Session, entry_step, number
 
 if TYPE_CHECKING:
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 AXES = ("step", "epoch", "tokens", "time")
 # Columns of a log entry that index it (where and when it was logged) rather than measure the model.
 INDEX_KEYS = frozenset({"step", "epoch", "train_runtime"})
+#: keys that are not drawn as curves: the index columns, and the incidents (marked on the loss plot instead)
+NOT_CURVES = INDEX_KEYS | EVENT_KEYS
 _TOKENS_FIX = "train with include_num_input_tokens_seen=True (or 'non_padding') to log it"
 
 
@@ -172,7 +175,7 @@ def axis_series(run: RunHistory, axis: Axis) -> dict[str, list[tuple[float, floa
             continue
         for key, raw in entry.items():
             value = raw if type(raw) is float else number(raw)  # the common case without a call: 1M entries
-            if value is not None and key not in INDEX_KEYS:
+            if value is not None and key not in NOT_CURVES:
                 points = series.get(key)
                 if points is None:
                     points = series[key] = []

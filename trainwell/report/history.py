@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainwell.report.curves import INDEX_KEYS
+from trainwell.loop.live_log import LIVE_LOG_NAME, LiveHistory
+from trainwell.report.curves import NOT_CURVES
+from trainwell.report.incidents import incidents
+from trainwell.report.live import merge_state, read_live_log, resume_points
 from trainwell.report.run_info import run_info
 from trainwell.report.sessions import (
     Session,
@@ -33,7 +36,7 @@ from trainwell.report.sessions import (
 )
 from trainwell.report.tables import one_line, session_rows, text_table
 from trainwell.state import STATE_LIMIT
-from trainwell.utils.safe_files import UnsafeFileError, read_bytes
+from trainwell.utils.safe_files import read_bytes
 
 STATE_FILE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -147,7 +150,7 @@ def _step_series(entries: list[tuple[int, dict[str, Any]]]) -> dict[str, list[tu
         step = entry_step(entry)
         for key, raw in entry.items():
             value = raw if type(raw) is float else number(raw)  # the common case without a call: 1M entries
-            if value is not None and key not in INDEX_KEYS:
+            if value is not None and key not in NOT_CURVES:
                 points = series.get(key)
                 if points is None:
                     points = series[key] = []
@@ -183,11 +186,24 @@ def load_run(path: str | os.PathLike[str], name: str | None = None) -> RunHistor
 
 
 def _load_run(path: str | os.PathLike[str], name: str | None) -> RunHistory:
-    state_path = find_state_file(path)
+    # A run folder's live log (not a checkpoint's, nor a state file named by the user): the logs since its state.
+    folder = Path(path)
+    live = read_live_log(folder) if folder.is_dir() and not _CHECKPOINT.match(folder.name) else None
     try:
-        state = json.loads(read_bytes(state_path, STATE_LIMIT).decode("utf-8"))  # a regular file, bounded
-    except UnsafeFileError:
-        raise
+        state_path = find_state_file(path)
+    except FileNotFoundError:
+        state = merge_state(None, live)
+        if state is None:
+            raise
+        return _run_of(folder / LIVE_LOG_NAME, state, live, name, path)
+    state = parse_state(read_bytes(state_path, STATE_LIMIT), state_path)  # a regular file (no link, no FIFO), bounded
+    return run_from_state(state_path, merge_state(state, live) or state, live, name, path)
+
+
+def parse_state(data: bytes, state_path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The state a ``trainer_state.json``'s bytes hold; ``ValueError`` naming the file when they are not one."""
+    try:
+        state = json.loads(data.decode("utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{state_path} is not valid JSON ({err.msg}); is the run still writing it?") from None
     except UnicodeDecodeError as err:
@@ -197,8 +213,21 @@ def _load_run(path: str | os.PathLike[str], name: str | None) -> RunHistory:
         raise ValueError(f"{state_path} is nested too deeply to read: it is not a trainer_state.json.") from None
     if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
         raise ValueError(f"{state_path} has no log_history list: it is not a trainer_state.json.")
+    return state
+
+
+def run_from_state(state_path: str | os.PathLike[str], state: dict[str, Any], live: LiveHistory | None = None,
+                   name: str | None = None, path: str | os.PathLike[str] | None = None) -> RunHistory:
+    """The run a parsed state describes (``state_path``: where it came from; ``live``: the run's live log, for
+    its resume points); ``name`` defaults to the run folder's."""
+    with _without_gc():
+        return _run_of(Path(state_path), state, live, name, path if path is not None else state_path)
+
+
+def _run_of(state_path: Path, state: dict[str, Any], live: LiveHistory | None, name: str | None,
+            path: str | os.PathLike[str]) -> RunHistory:
     log, skipped = usable_entries(state["log_history"])
-    sessions = split_sessions(log)
+    sessions = split_sessions(log, resume_points(live))
     entries = merged_entries(sessions)
     run = RunHistory(name or "", str(state_path), state, _step_series(entries), _final(sessions), sessions, entries,
                      log=log, skipped=skipped)
@@ -322,7 +351,7 @@ def summary_text(run: RunHistory, head: dict[str, Any] | None = None) -> str:
     """The summary (``head``, when already computed by ``summary``) as aligned ``key  value`` lines, then the
     sessions of a resumed run and the hyperparameters; one line per value (``key_values``)."""
     text = key_values(summary(run) if head is None else head)
-    if len(run.sessions) > 1:
+    if len(run.sessions) > 1 or incidents(run):
         text += "\n\nsessions:\n" + text_table(session_rows(run))
     if run.info:
         text += "\n\nhyperparameters:\n" + key_values(run.info, indent="  ")

@@ -2,13 +2,15 @@
 
 Owns which metrics go on which figure (``plot_groups``) and the drawing: the x axis chosen (step, epoch, tokens,
 time; ``trainwell.report.curves`` computes it), the train loss smoothed over its faint raw curve, a log-scale y
-for curves spanning more than a decade, and a dashed line at each resume point. Only matplotlib's object API on
-the Agg canvas is used (``Figure``, never ``pyplot``), so making a report never changes the backend or global
-state of the program that calls it, and works without a display.
+for curves spanning more than a decade, a dashed line at each resume point, and on the loss figure the incidents
+(skipped non-finite steps, rollbacks, step_timeout stops: ``trainwell.report.incidents``). Only matplotlib's
+object API on the Agg canvas is used (``Figure``, never ``pyplot``), so making a report never changes the backend
+or global state of the program that calls it, and works without a display.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import io
 import math
@@ -29,6 +31,8 @@ from trainwell.report.curves import (
 )
 from trainwell.report.files import file_names, report_folder
 from trainwell.report.history import RunHistory
+from trainwell.report.incidents import incidents
+from trainwell.report.sessions import entry_step
 from trainwell.report.tables import one_line
 from trainwell.utils.safe_files import SafeFolder
 
@@ -176,6 +180,44 @@ def _mark_resumes(ax: Any, axis: Axis, color: Any = "0.45") -> None:
         ax.text(x, 0.98, f" {text}", transform=ax.get_xaxis_transform(), va="top", fontsize=7, color=color)
 
 
+def _step_to_x(run: RunHistory, axis: Axis) -> Any:
+    """step -> x on ``axis``: that of the last entry logged at or before the step (the first entry's before it)."""
+    if axis.name == "step":
+        return float
+    pairs = sorted((entry_step(e), x) for (_, e), x in zip(run.entries, axis.values) if x is not None)
+    steps = [step for step, _ in pairs]
+
+    def x_at(step: int) -> float:
+        i = bisect.bisect_right(steps, step) - 1
+        return pairs[max(i, 0)][1] if pairs else 0.0
+
+    return x_at
+
+
+def _mark_incidents(ax: Any, run: RunHistory, axis: Axis) -> None:
+    """On the loss figure: an x at the foot of each log window with skipped non-finite steps, a shaded span over
+    the steps each rollback skipped, a red line at each step_timeout stop (docs/resilience.md)."""
+    found = incidents(run)
+    if not found:
+        return
+    x_at = _step_to_x(run, axis)
+    foot = ax.get_xaxis_transform()  # x in data, y in axes fractions
+    if found.skipped:
+        xs = [x_at(step) for step, _ in found.skipped]
+        total = sum(count for _, count in found.skipped)
+        ax.plot(xs, [0.03] * len(xs), "x", color="tab:orange", transform=foot, clip_on=False,
+                label=f"skipped non-finite steps ({total})")
+    for i, record in enumerate(found.rollbacks):
+        start, end = x_at(record.get("rollback_to_step", record["skipped_steps_from"] - 1)), x_at(
+            record["skipped_steps_to"])
+        ax.axvspan(start, end, color="tab:red", alpha=0.12, label="rollback: steps skipped" if i == 0 else None)
+        ax.text(end, 0.9, f" rollback {record.get('rollback', i + 1)}", transform=foot, fontsize=7, color="tab:red")
+    for stop in found.stops:
+        x = x_at(stop["step"])
+        ax.axvline(x, color="tab:red", linewidth=1.2)
+        ax.text(x, 0.8, f" step_timeout at step {stop['step']}", transform=foot, fontsize=7, color="tab:red")
+
+
 def _save(fig: Any, folder: SafeFolder, name: str) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
@@ -215,6 +257,8 @@ def run_figures(run: RunHistory, x: str = "step", smoothing: float | None = None
         for key in keys:
             _draw_key(ax, key, series[key], _label(key), smoothing)
         _mark_resumes(ax, axis)
+        if name == "loss":
+            _mark_incidents(ax, run, axis)
         _finish(ax, keys, [series[k] for k in keys], _label(keys[0]) if len(keys) == 1 else _GROUP_YLABELS[name])
         figures[name] = fig
     return figures

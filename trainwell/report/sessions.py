@@ -175,12 +175,15 @@ def weighted_mean_loss(entries: list[dict[str, Any]], start_step: int = 0) -> fl
     return total / steps if steps else None
 
 
-def split_sessions(log_history: list[dict[str, Any]]) -> list[Session]:
+def split_sessions(log_history: list[dict[str, Any]], resumes: dict[int, float] | None = None) -> list[Session]:
     """The sessions of ``log_history``, in order (see the module docstring for the marks of a resume). Entries
     that are not JSON objects are skipped. Linear in the length of the history (``_Marks`` keeps what the
-    current session has logged so far, so no entry is looked at twice)."""
+    current session has logged so far, so no entry is looked at twice). ``resumes``: the steps the run is known
+    to have resumed from (the live log's session lines), each with its ``num_input_tokens_seen``; a session whose
+    resume point the history only brackets takes the known step inside the bracket, and a history that
+    runs on past a known resume step is split there (a crash leaves no mark of its own in the history)."""
     sessions = [Session(1)]
-    marks = _Marks()
+    marks = _Marks(sorted(resumes or {}))
     for entry in log_history:
         if not isinstance(entry, dict):
             continue
@@ -194,7 +197,7 @@ def split_sessions(log_history: list[dict[str, Any]]) -> list[Session]:
     sessions = [s for part in sessions for s in _split_by_summary(part)]
     for index, session in enumerate(sessions, start=1):
         session.index = index
-    _set_resume_points(sessions)
+    _set_resume_points(sessions, resumes or {})
     return sessions
 
 
@@ -202,7 +205,8 @@ class _Marks:
     """What the session being read has logged so far: its last step, the step of its last training loss, its
     clock (the largest per-log ``train_runtime``) and whether its summary came, kept up to date entry by entry."""
 
-    def __init__(self) -> None:
+    def __init__(self, resumes: list[int] | None = None) -> None:
+        self.resumes = resumes or []  # known resume steps, sorted: an entry past one after an entry before it
         self._reset()
 
     def _reset(self) -> None:
@@ -234,6 +238,10 @@ class _Marks:
             return final or "loss" in entry or step != self.end_step
         if self.end_step is not None and step < self.end_step:
             return True
+        if self.resumes and not final:  # the history crosses a known resume point: the resumed call's first entry
+            after = bisect.bisect_left(self.resumes, self.end_step)
+            if after < len(self.resumes) and self.resumes[after] < step:
+                return True
         if "loss" in entry and self.loss_step is not None and step <= self.loss_step:
             return True
         return clock is not None and self.clock is not None and clock < self.clock
@@ -243,7 +251,9 @@ def _split_by_summary(session: Session) -> list[Session]:
     """``session`` alone, or, when its summary covers fewer steps than its entries span, an earlier
     unsummarized session (the entries up to the resume point) and this one."""
     summary = session.summary
-    if not summary or not session.entries:
+    # rollback_on_spike restarts the call from a checkpoint inside it: its summary then covers the steps since the
+    # last rollback (trainwell.loop.rollback), which is no sign of an earlier call.
+    if not summary or not session.entries or any("rollback" in e for e in session.entries):
         return [session]
     steps_per_second, runtime = number(summary.get("train_steps_per_second")), number(summary.get("train_runtime"))
     if not steps_per_second or not runtime:
@@ -264,9 +274,11 @@ def _split_by_summary(session: Session) -> list[Session]:
     return [Session(0, earlier), Session(0, later, summary)]
 
 
-def _set_resume_points(sessions: list[Session]) -> None:
+def _set_resume_points(sessions: list[Session], resumes: dict[int, float]) -> None:
     """Each later session's resume point: the highest step below its first training step that an earlier
-    session logged (the first entry logged at that step gives ``start_tokens``). One pass over the entries,
+    session logged (the first entry logged at that step gives ``start_tokens``), made exact by a known resume
+    step between that step and the first training step (``resumes``, else the summary: ``summarized_start``:
+    a Ctrl-C checkpoint falls between two logging steps). One pass over the entries,
     the "highest step below" found in a ``PrefixMax`` (log time per query), so even a history of thousands of
     sessions is read in about linear time."""
     if len(sessions) < 2:
@@ -284,9 +296,12 @@ def _set_resume_points(sessions: list[Session]) -> None:
             session.start_step = entry_step(resume)
             session.start_tokens = number(resume.get("num_input_tokens_seen")) or 0.0
         if k and first is not None:
-            exact = summarized_start(session)
+            known = [step for step in resumes if session.start_step <= step < first]
+            exact = max(known) if known else summarized_start(session)
             if exact is not None and session.start_step <= exact < first:
                 session.start_step = exact
+            if known:
+                session.start_tokens = resumes[exact] or session.start_tokens
         for entry in session.entries:
             step = entry_step(entry)
             if step not in first_at:

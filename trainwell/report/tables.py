@@ -10,6 +10,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from trainwell.report.incidents import incidents, session_incidents
 from trainwell.report.sessions import Session, weighted_mean_loss
 
 if TYPE_CHECKING:
@@ -55,8 +56,10 @@ def _number(value: float | None) -> str:
 def session_rows(run: RunHistory) -> Rows:
     """One row per ``train()`` call: its steps, runtime, throughput and training loss."""
     rows = []
+    found = incidents(run)  # skipped non-finite steps, rollbacks and step_timeout stops
     for session in run.sessions:
         losses = [e["loss"] for e in session.entries if isinstance(e.get("loss"), (int, float))]
+        healing = session_incidents(session, found, run.sessions)
         rows.append({
             "session": str(session.index),
             "steps": f"{session.start_step}-{session.end_step}",
@@ -68,7 +71,9 @@ def session_rows(run: RunHistory) -> Rows:
             "tokens/s": _number(session.rate(session.tokens)),
             "mean train loss": _number(session.mean_loss),
             "last train loss": _number(losses[-1] if losses else None),
-            "ended": _ending(session, run.sessions),
+            "skipped steps": healing["skipped steps"],
+            "rollbacks": healing["rollbacks"],
+            "ended": healing.get("ended") or _ending(session, run.sessions),
         })
     return _drop_empty_columns(rows)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Mapping
@@ -109,10 +108,13 @@ def save_metrics(output_dir: str, split: str, metrics: dict[str, Any], combined:
         write_text_file(path, json.dumps(merged, indent=4, sort_keys=True))
 
 
-def finite_mean(values: list[float], drop_non_finite: bool) -> float:
-    """Mean of ``values``; with ``drop_non_finite``, NaN/Inf are left out unless nothing finite remains."""
+def finite_mean(values: Any, drop_non_finite: bool) -> float:
+    """Mean of the per-sample losses ``values`` as the reference takes it: in their own dtype (float32: numpy's
+    pairwise sum, so ``eval_loss`` equals the reference's to the last bit, not a float64 mean that differs from it in
+    the last place); with ``drop_non_finite``, NaN/Inf are left out unless nothing finite remains."""
+    array = np.concatenate(values) if isinstance(values, list) and values and np.ndim(values[0]) else np.asarray(values)
     if drop_non_finite:
-        finite = [v for v in values if math.isfinite(v)]
-        if finite:
-            values = finite
-    return float(np.mean(values)) if values else float("nan")
+        finite = np.isfinite(array)
+        if finite.any():
+            array = array[finite]
+    return float(array.mean()) if array.size else float("nan")

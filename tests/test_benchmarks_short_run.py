@@ -1,0 +1,36 @@
+"""benchmarks/short_run.py keeps working: its smoke run prints every runner's whole run and time to the first step
+with the ratio to the loop, and ``--explain`` lists the fixed costs."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "short_run.py")
+
+
+def test_smoke_prints_each_runner_with_its_ratio_to_the_loop(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    markdown = tmp_path / "table.md"
+    proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--explain", "5", "--markdown", str(markdown)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    runners = ["loop", "trainwell"] + (["transformers"] if importlib.util.find_spec("transformers") else [])
+    for clock in ("process CPU time:", "wall time:"):
+        table = out.split(clock, 1)[1].split("\n\n", 1)[0]
+        for runner in runners:
+            row = next(line for line in table.splitlines() if line.startswith(runner))
+            numbers = re.findall(r"\d+\.\d+x?", row[22:])  # after the name (the reference's holds a version)
+            assert len(numbers) == 6, row  # whole run, ratio, to the first step, ratio, set-up, finish
+            assert float(numbers[0]) > 0 and numbers[1].endswith("x") and numbers[3].endswith("x"), row
+    rows = markdown.read_text().splitlines()
+    names = [row.split(" | ")[1].rsplit(": ", 1)[1] for row in rows]
+    assert [name.split()[0] for name in names] == runners[1:]  # the loop is the baseline
+    assert re.search(r"\| \d+\.\d{3}x vs loop \(whole run\) \|", rows[0]) and "to the first step" in rows[0]
+    assert "trainwell: fixed cost" in out
+    assert "trainwell/trainer.py" in out.split("trainwell: fixed cost", 1)[1]  # the Trainer's own set-up is listed

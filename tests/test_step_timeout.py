@@ -1,0 +1,146 @@
+"""step_timeout: a process that stops making progress stops the run within seconds, naming where it was.
+
+Fault injection with two processes under torchrun (gloo, CPU; tests/distributed/stall_script.py): process 1 sleeps in
+a callback, blocks in its data loader, or never enters the gradient all-reduce process 0 waits in. Every process
+must print its Python stack and stop with one error naming process 1 and the frame it was in, within seconds of
+the timeout. In one process, the error is raised in the main thread; "auto" derives the timeout from the step time.
+The progress signal is an int per micro-batch (held by tests/test_speed_contracts.py with the watchdog on).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.common.models import ClassificationDataset, DropoutMLP
+from trainwell import Trainer, TrainerCallback, TrainingArguments
+from trainwell.backend import stall
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "distributed", "stall_script.py")
+
+
+def _launch(workdir, stall_kind: str) -> tuple[dict[int, dict], str, float]:
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", SCRIPT, "--workdir",
+              str(workdir), "--stall", stall_kind]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    start = time.monotonic()
+    proc = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
+    results = {}
+    for rank in (0, 1):
+        path = workdir / f"result-{rank}.json"
+        if path.is_file():
+            results[rank] = json.loads(path.read_text())
+    return results, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("kind", "stuck_in", "waiting_in"), [
+    ("callback", "stall_script.py:36 in on_step_end (a callback's on_step_end at step 3)", "process 0 in "),
+    ("loader", "in __getitem__ (reading the training data of step 2)", "process 0 in "),
+    ("collective", "in compute_loss (in training step 3)",
+     "process 0 in precision.py:85 in backward (the backward pass (its gradient all-reduce) in training step 3)"),
+])
+def test_a_stuck_process_stops_every_process_with_one_error_naming_it(tmp_path, kind, stuck_in, waiting_in):
+    results, log, seconds = _launch(tmp_path, kind)
+    printed = re.findall(r"^StepTimeout: (No progress .*)$", log, flags=re.MULTILINE)
+    assert printed, log[-6000:]
+    message = printed[0]
+    assert message.startswith("No progress for 3 s (step_timeout=3.0): process 1 of 2 is stuck "), message
+    assert stuck_in in message and "the other processes were waiting for it: " + waiting_in in message, message
+    # every process printed its stack and the same error (their stderr may interleave: looked for whole)
+    assert log.count("StepTimeout: No progress for 3 s") == 2 and set(printed) == {message}, log[-6000:]
+    for rank in (0, 1):
+        assert f"trainwell step_timeout: the Python stack of process {rank}:" in log, log[-6000:]
+    assert "most recent call first" in log  # faulthandler's dump
+    assert 1 not in results  # process 1, stuck in a sleep or a wait, was ended
+    # Process 0 raises it from train() once process 1's exit breaks its collective, unless the launcher, seeing
+    # process 1 gone, ends it first.
+    survivor = results.get(0)
+    if survivor is not None:
+        assert survivor["error"] == "StepTimeout" and survivor["message"] == message, survivor
+    assert seconds < 120, seconds
+    record = [json.loads(line) for line in (tmp_path / "step_timeout.jsonl").read_text().splitlines()]
+    assert len(record) == 1 and record[0]["processes"] == [1]
+
+
+# ---------------------------------------------------------------------------------------------- one process
+class BusyAt(TrainerCallback):
+    """At ``step``'s end, keeps the main thread busy in Python (short sleeps) and never returns."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        while state.global_step == self.step:
+            time.sleep(0.05)
+
+
+def _train(out, **kwargs):
+    settings = {"max_steps": 6, "per_device_train_batch_size": 4, "logging_steps": 1, "save_strategy": "no",
+                "report_to": "none", "disable_tqdm": True, **kwargs}
+    stall_at = settings.pop("stall_at")
+    trainer = Trainer(DropoutMLP(), TrainingArguments(str(out), **settings), train_dataset=ClassificationDataset(),
+                      callbacks=[BusyAt(stall_at)])
+    trainer.train()
+
+
+def test_one_stuck_process_raises_step_timeout_in_its_main_thread(tmp_path, capfd):
+    start = time.monotonic()
+    with pytest.raises(stall.StepTimeout, match=r"^No progress for 2 s \(step_timeout=2\.0\): the process was stuck "
+                                                r"in test_step_timeout\.py:\d+ in on_step_end \(a callback's "
+                                                r"on_step_end at step 3\)\. Every process printed its Python stack"):
+        _train(tmp_path, step_timeout=2, stall_at=3)
+    assert time.monotonic() - start < 30
+    assert "trainwell step_timeout: the Python stack of process 0:" in capfd.readouterr().err
+    assert [t for t in threading.enumerate() if t.name == "trainwell-step-watchdog"] == []
+    line = json.loads((tmp_path / "step_timeout.jsonl").read_text())
+    assert line["step"] == 3 and line["processes"] == [0] and "on_step_end" in line["frame"]
+
+
+def test_auto_takes_the_timeout_from_the_step_time_with_a_floor(tmp_path, monkeypatch):
+    monkeypatch.setattr(stall, "AUTO_FLOOR", 1.5)
+    monkeypatch.setattr(stall, "AUTO_SAMPLES", 3)
+    monkeypatch.setattr(stall, "AUTO_WARMUP", 2)
+    monkeypatch.setattr(stall, "AUTO_POLL", 0.05)
+    slow = type("Slow", (TrainerCallback,), {"on_step_begin": lambda *a, **k: time.sleep(0.03)})
+    args = TrainingArguments(str(tmp_path), max_steps=200, per_device_train_batch_size=4, save_strategy="no",
+                             report_to="none", disable_tqdm=True, step_timeout="auto")
+    trainer = Trainer(DropoutMLP(), args, train_dataset=ClassificationDataset(), callbacks=[slow(), BusyAt(40)])
+    with pytest.raises(stall.StepTimeout, match=r"^No progress for \d s \(step_timeout='auto' \(\d s\)\)"):
+        trainer.train()
+    assert stall.auto_timeout([0.01, 0.02, 5.0]) == 1.5  # the floor
+    assert stall.auto_timeout([1.0, 2.0, 3.0]) == 40.0  # 20 x the median
+
+
+def test_a_run_that_makes_progress_is_never_stopped(tmp_path):
+    trainer = Trainer(DropoutMLP(), TrainingArguments(str(tmp_path), max_steps=6, per_device_train_batch_size=4,
+                                                     save_strategy="steps", save_steps=2, report_to="none",
+                                                     disable_tqdm=True, step_timeout=1),
+                      train_dataset=ClassificationDataset(), eval_dataset=ClassificationDataset(n=16))
+    trainer.train()
+    assert trainer.state.global_step == 6 and not (tmp_path / "step_timeout.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------------------------- no processes
+def test_the_stuck_process_is_the_one_outside_a_collective_or_silent():
+    report = lambda beats, collective: {"beats": beats, "collective": collective}  # noqa: E731
+    assert stall.verdict({0: report(9, True), 1: report(8, False)}, 2) == [1]
+    assert stall.verdict({0: report(9, False), 1: report(9, True)}, 2) == [0]
+    assert stall.verdict({0: report(9, True)}, 2) == [1]  # no report: frozen
+    assert stall.verdict({0: report(9, True), 1: report(7, True)}, 2) == [1]  # all waiting: the fewest beats
+    assert stall.verdict({0: report(5, False), 1: report(5, False)}, 2) == [0, 1]
+
+
+def test_what_a_stuck_main_thread_was_doing():
+    assert stall.doing(["run", "_run_epoch", "_fire", "on_step_end", "call_event"], 3) == (
+        "a callback's on_step_end at step 3")
+    assert stall.doing(["run", "_run_epoch", "_windows", "__next__"], 4) == "reading the training data of step 5"
+    assert stall.doing(["run", "_run_epoch", "run_window", "backward"], 4) == (
+        "the backward pass (its gradient all-reduce) in training step 5")

@@ -1,0 +1,211 @@
+"""``skip_nonfinite_steps``: an optimizer step whose loss or gradient norm is NaN or infinite is not applied, and
+no step reads a device tensor on the host to decide it.
+
+Owns :class:`StepGuard`, which the optimizer step (``trainwell.loop.step``) consults once per step. The decision
+is a device tensor, ``found`` (1.0: skip, 0.0: apply), computed from the gradient norm the step has taken anyway
+(for clipping, or for the logs when clipping is off) plus, in a single process, the window's summed loss: a sum of
+numbers is finite only when each one is, so ``x * 0 != 0`` is the whole check (three scalar kernels, no pass over
+the gradients). With several processes the norm alone decides: it is the norm of the all-reduced gradients, the
+same on every process (a process's non-finite loss makes them non-finite), so every process decides alike.
+
+How a step is not applied:
+
+* an optimizer that takes ``found_inf`` (torch's fused Adam, AdamW, SGD and Adagrad: ``_step_supports_amp_scaling``,
+  as ``torch.amp.GradScaler`` uses it) gets ``found`` as its ``found_inf`` attribute, once: its kernel leaves the
+  parameters and moments alone and takes its step count back, on the device;
+* any other optimizer is guarded by a copy: the parameters and their optimizer state on the same device are copied
+  before the step into buffers kept between steps, and put back with ``torch.where`` after it (memory for one
+  copy of them, and a kernel per tensor: the fused optimizers, the default ``adamw_torch_fused`` among them, need
+  neither); state the step creates (its first) is left at zero, as lazily created moments start. State an optimizer
+  keeps on the host (torch's non-capturable ``step`` counts when the parameters are
+  on an accelerator) moves on;
+* under a grad scaler (fp16) the scaler already skips such steps; its skips are counted the same way.
+
+The skipped steps are counted on the device and read at the next log, in the log's one host transfer
+(``LossTracker.read_window``), which logs them as ``skipped_nonfinite_steps``. The learning-rate schedule then
+moves back by that many steps (``trainwell.optim.schedulers.rewind``), so from that log on it stands where the
+reference's fp16 skip leaves it (its scheduler does not step on a skipped step); between the skip and the log it
+runs one step ahead per skip. A save settles the count too, so a checkpoint holds the schedule of the
+uninterrupted run. The step's RNG draws (dropout) are taken, as in the reference's skip.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainwell.optim.schedulers import rewind
+
+if TYPE_CHECKING:
+    from trainwell.hooks import TrainerHooks
+
+logger = logging.getLogger(__name__)
+
+
+def takes_found_inf(optimizer: Any) -> bool:
+    """Whether ``optimizer``'s step reads a ``found_inf`` attribute and skips itself on the device (torch's fused
+    optimizers: the flag ``torch.amp.GradScaler`` checks)."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+class StepGuard:
+    """The non-finite guard of one ``train()`` call (see the module docstring).
+
+    ``with_loss``: the window's loss takes part in the decision (a single process); ``scaler_skips``: a grad scaler
+    skips non-finite steps itself, and the guard only counts its skips.
+    """
+
+    def __init__(self, optimizer: Any, scheduler: Any, device: torch.device, with_loss: bool,
+                 scaler_skips: bool = False) -> None:
+        self.optimizer = getattr(optimizer, "optimizer", optimizer)  # the torch optimizer under Accelerate's wrapper
+        self.scheduler = scheduler
+        self.with_loss = with_loss
+        #: a grad scaler skips the non-finite steps itself: only its (host-known) skips are counted
+        self.scaler_skips = scaler_skips
+        self.found = torch.zeros((), dtype=torch.float32, device=device)
+        self.count = torch.zeros((), dtype=torch.float32, device=device)  #: skipped since the count was last read
+        self.pending = 0  #: skips read at a save, not logged yet
+        self.total = 0  #: skips of this train() call read so far
+        self.fused = not scaler_skips and takes_found_inf(self.optimizer)
+        #: the copy guard: the optimizer cannot skip a step itself
+        self.copies = not scaler_skips and not self.fused
+        #: the optimizer step needs :meth:`after_step` (the copy guard's undo, or counting a scaler's skips)
+        self.undoes = not self.fused
+        self._saved: list[torch.Tensor] = []
+        self._guarded: list[torch.Tensor] = []
+        self._fresh: list[torch.Tensor] = []
+        self._warned_schedule = False
+        if self.fused:
+            # Read by the optimizer's step at every call (``getattr(self, "found_inf", None)``); written in place.
+            self.optimizer.found_inf = self.found
+
+    @classmethod
+    def of(cls, hooks: TrainerHooks) -> StepGuard | None:
+        """The guard the arguments ask for; None when ``skip_nonfinite_steps`` is False, when the engine steps its
+        own optimizer (DeepSpeed, whose fp16 loss scaler skips overflowing steps itself), or, at the default (None),
+        when only the copy guard could skip the step: its copy of the parameters and optimizer state is a cost in
+        memory and time that only an explicit True asks for."""
+        setting = hooks.args.skip_nonfinite_steps
+        if setting is False:
+            return None
+        runtime, precision = hooks.runtime, hooks.precision
+        if runtime.engine.steps_its_own_optimizer:
+            logger.info("skip_nonfinite_steps: %s runs its own optimizer step; its loss scaler decides which steps "
+                        "to skip.", runtime.engine.label)
+            return None
+        if setting is None and not precision.can_skip_steps and not takes_found_inf(
+                getattr(hooks.optimizer, "optimizer", hooks.optimizer)):
+            logger.info("skip_nonfinite_steps: the optimizer (%s) cannot skip a step itself, so non-finite steps are "
+                        "applied, as on the reference. Set skip_nonfinite_steps=True to guard it with a copy of the "
+                        "parameters and optimizer state, or use a fused optimizer (optim='adamw_torch_fused').",
+                        type(getattr(hooks.optimizer, "optimizer", hooks.optimizer)).__name__)
+            return None
+        return cls(hooks.optimizer, hooks.lr_scheduler, runtime.device, with_loss=runtime.num_processes == 1,
+                   scaler_skips=precision.can_skip_steps)
+
+    # ------------------------------------------------------------------------------------------- one step
+    def decide(self, grad_norm: Any, window_loss: Any) -> None:
+        """Set ``found`` from this step's gradient norm and (single process) summed loss, and count it: no host
+        read, four scalar kernels (add, mul, ne, add_; the sum promotes a half-precision loss to the norm's float)."""
+        if self.with_loss:  # one process: a plain tensor norm, and the loss
+            total = window_loss if grad_norm is None else grad_norm + window_loss
+        elif hasattr(grad_norm, "full_tensor"):  # a DTensor norm (FSDP2, tensor parallel): its value on every process
+            total = grad_norm.full_tensor()
+        else:
+            total = grad_norm
+        if total is None:  # an engine that measured no norm, and no loss to look at: apply the step
+            self.found.zero_()
+            return
+        torch.ne(total * 0, 0, out=self.found)  # x * 0 is 0 for a finite x, NaN for NaN and +-inf
+        self.count.add_(self.found)
+        if self.copies:
+            self._copy_before_step()
+
+    def after_step(self, scaler_skipped: bool = False) -> None:
+        """Undo a skipped step (the copy guard), or count a grad scaler's skip (known on the host already)."""
+        if self.scaler_skips:
+            self.pending += int(scaler_skipped)
+            self.total += int(scaler_skipped)
+            return
+        skip = self.found.bool()
+        with torch.no_grad():
+            for saved, current in zip(self._saved, self._guarded, strict=True):
+                torch.where(skip, saved, current, out=current)
+            if self._fresh:  # state the step created (its first): a skipped one leaves it as created, at zero
+                zero = torch.zeros((), device=self.found.device)
+                for t in self._created():
+                    torch.where(skip, zero.to(t.dtype), t, out=t)
+                self._fresh = []
+
+    def _created(self) -> list[torch.Tensor]:
+        state = self.optimizer.state
+        return [t.to_local() if hasattr(t, "to_local") else t.detach() for p in self._fresh
+                for t in state.get(p, {}).values() if isinstance(t, torch.Tensor) and t.device == p.device]
+
+    def _copy_before_step(self) -> None:
+        """Copy the parameters with gradients and their optimizer state (on their device) into reused buffers."""
+        tensors = []
+        state = self.optimizer.state
+        self._fresh = []  # parameters without state yet: the step creates it
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                tensors.append(p)
+                if not state.get(p):
+                    self._fresh.append(p)
+                tensors.extend(v for v in state.get(p, {}).values()
+                               if isinstance(v, torch.Tensor) and v.device == p.device and v is not p)
+        with torch.no_grad():
+            # a DTensor (FSDP2, tensor parallel) is guarded through its shard: foreach ops have no sharding rule
+            local = [t.to_local() if hasattr(t, "to_local") else t.detach() for t in tensors]
+            if len(local) != len(self._saved) or any(
+                    s.shape != t.shape or s.dtype != t.dtype for s, t in zip(self._saved, local, strict=True)):
+                self._saved = [torch.empty_like(t) for t in local]  # the state grew (first step) or changed
+            self._guarded = local
+            torch._foreach_copy_(self._saved, local)
+
+    # ------------------------------------------------------------------------------------------- reading the count
+    def unread(self) -> torch.Tensor | int:
+        """What to read at a log, with the log's other values (a device tensor, or the host count of a scaler)."""
+        return self.pending if self.scaler_skips else self.count
+
+    def settle(self, read: float | None, for_log: bool) -> int:
+        """Take ``read`` (the value of :meth:`unread`, read on the host) into account: reset the device count, move
+        the schedule back by the new skips, and return the skips to log (``for_log``) or keep them for the next
+        log (a save)."""
+        new = int(read or 0)
+        if not self.scaler_skips and new:  # (a grad scaler's skips are counted in pending already, host-side)
+            self.count.zero_()
+            self._rewind(new)
+            self.pending += new
+            self.total += new
+        if not for_log:
+            return 0
+        logged, self.pending = self.pending, 0
+        return logged
+
+    def settle_now(self) -> None:
+        """Read the count now (one host read) and keep it for the next log: before a checkpoint is written."""
+        if self.scaler_skips:
+            return
+        self.settle(float(self.count), for_log=False)
+
+    def finish(self) -> int:
+        """The skips of this ``train()`` call (reads the count once, at the end of training)."""
+        self.settle_now()
+        return self.total
+
+    def _rewind(self, steps: int) -> None:
+        if self.scheduler is None or rewind(self.scheduler, steps) or self._warned_schedule:
+            return
+        self._warned_schedule = True
+        logger.warning("skip_nonfinite_steps: %d step(s) were skipped, but the learning-rate scheduler %s cannot be "
+                       "moved back; its schedule counts the skipped steps.", steps, type(self.scheduler).__name__)
+
+    def close(self) -> None:
+        """Take the ``found_inf`` attribute off the optimizer (the run is over)."""
+        if self.fused and getattr(self.optimizer, "found_inf", None) is self.found:
+            del self.optimizer.found_inf

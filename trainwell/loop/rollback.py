@@ -1,0 +1,175 @@
+"""``rollback_on_spike``: a loss spike sends the run back to its last good checkpoint, past the data that led to it.
+
+Owns the three parts of a rollback, and the record that ties them together:
+
+* :class:`SpikeWatch` looks at each logged training loss (``trainwell.loop.boundary.log``): above
+  ``rollback_on_spike`` times the median of the last ``RECENT`` logged losses (once ``MIN_HISTORY`` of them exist
+  and their median is positive), or not finite at all (with ``logging_nan_inf_filter``, the default, that means every
+  loss of the log window was), it raises :class:`Rollback` before the step's evaluation and save;
+* :func:`attempts` catches it around the ``train()`` attempts: it picks the newest usable checkpoint at or before
+  the last step known good (the previous log), and trains again from it through the ordinary resume, with the
+  record of the rollback appended to the resumed state's ``log_history``; after ``MAX_ROLLBACKS`` it stops with an
+  error;
+* :class:`DataSkips` reads every such record from ``log_history`` and the fit loop passes over the recorded steps:
+  their batches are read and dropped, no forward, no optimizer or scheduler step, no event; ``global_step`` moves on
+  with them, so every position (epochs, the data order, checkpoints, a later resume) stays where it was.
+
+The record is a ``log_history`` entry (``trainer_state.json``, which the reference reads too)::
+
+    {"rollback": 1, "rollback_to_step": 6, "skipped_steps_from": 7, "skipped_steps_to": 8,
+     "spike_loss": 812.5, "spike_median": 1.02, "step": 8}
+
+so a resume from any later checkpoint skips the same steps, and a rerun from an earlier one meets the same spike and
+skips them again. The skipped steps are every step from the checkpoint to the spike (the PaLM routine: restart before
+the spike and skip past it), not only the log window that showed it: a spike often starts a little before it shows.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from trainwell.args.resilience import MAX_ROLLBACKS
+from trainwell.checkpoint.layout import checkpoint_step, list_checkpoints
+from trainwell.checkpoint.resume import Resume, unusable_reason
+
+if TYPE_CHECKING:
+    from trainwell.state import TrainerState
+
+logger = logging.getLogger(__name__)
+
+RECENT = 10  #: the logged losses the median is taken over
+MIN_HISTORY = 3  #: a spike is judged against at least this many earlier logged losses (NaN/inf always is one)
+FIRST, LAST = "skipped_steps_from", "skipped_steps_to"
+
+
+class Rollback(Exception):  # noqa: N818 - control flow, not an error: caught by attempts()
+    """A spike at ``step``: train again from a checkpoint at or before ``good_step``."""
+
+    #: not a failure of this process: ``trainwell.backend.failures`` lets it pass (every process raises it alike)
+    _trainwell_together = True
+
+    def __init__(self, step: int, good_step: int, loss: float, median: float | None, count: int) -> None:
+        super().__init__(f"loss {loss} at step {step}")
+        self.step, self.good_step, self.loss, self.median, self.count = step, good_step, loss, median, count
+
+    def record(self, checkpoint: int) -> dict[str, Any]:
+        """The ``log_history`` entry of this rollback to ``checkpoint``'s step."""
+        return {"rollback": self.count + 1, "rollback_to_step": checkpoint, FIRST: checkpoint + 1, LAST: self.step,
+                "spike_loss": self.loss, "spike_median": self.median, "step": self.step}
+
+
+def rollbacks(log_history: list[Any]) -> list[dict[str, Any]]:
+    """The rollback records of a ``log_history``, in order."""
+    return [e for e in log_history if isinstance(e, dict) and isinstance(e.get(FIRST), int)
+            and isinstance(e.get(LAST), int)]
+
+
+class SpikeWatch:
+    """Judges each logged training loss of one ``train()`` call (see the module docstring)."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def check(self, state: TrainerState) -> None:
+        """Raise :class:`Rollback` when the loss just logged (the last entry of ``state.log_history``) spiked."""
+        history = state.log_history
+        current, earlier = history[-1], history[:-1]
+        loss = current["loss"]
+        before = [e for e in earlier if _loss(e) is not None or FIRST in e]
+        recent = [v for e in before[-RECENT:] if (v := _loss(e)) is not None and math.isfinite(v)]
+        median = statistics.median(recent) if len(recent) >= MIN_HISTORY else None
+        spiked = not math.isfinite(loss) or (median is not None and median > 0 and loss > self.factor * median)
+        if not spiked:
+            return
+        good_step = before[-1]["step"] if before else 0
+        raise Rollback(state.global_step, int(good_step), loss, median, len(rollbacks(history)))
+
+
+def _loss(entry: dict[str, Any]) -> float | None:
+    value = entry.get("loss")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class DataSkips:
+    """The steps the fit loop passes over: every ``skipped_steps_from``..``skipped_steps_to`` of ``log_history``.
+
+    ``next_from`` is the ``global_step`` before the next step to pass over (``inf``: none left), the one number the
+    loop compares with per step.
+    """
+
+    def __init__(self, ranges: list[tuple[int, int]], global_step: int) -> None:
+        self.ranges = sorted(ranges)
+        self.next_from: float = math.inf
+        self.advance(global_step)
+
+    @classmethod
+    def of(cls, state: TrainerState) -> DataSkips:
+        return cls([(e[FIRST], e[LAST]) for e in rollbacks(state.log_history)], state.global_step)
+
+    def advance(self, global_step: int) -> None:
+        """Point ``next_from`` past ``global_step`` (the steps up to it are done)."""
+        upcoming = [first for first, last in self.ranges if last > global_step]
+        self.next_from = max(min(upcoming) - 1, global_step) if upcoming else math.inf
+
+    def skips(self, step: int) -> bool:
+        """Whether step number ``step`` (1-based) is passed over."""
+        return any(first <= step <= last for first, last in self.ranges)
+
+
+def last_good_checkpoint(output_dir: str, good_step: int) -> str | None:
+    """The newest usable checkpoint of ``output_dir`` at or before ``good_step``."""
+    for path in reversed(list_checkpoints(output_dir)):
+        step = checkpoint_step(path)
+        if step is not None and step <= good_step and unusable_reason(path) is None:
+            return str(path)
+    return None
+
+
+def attempts(trainer: Any, train_once: Callable[[Resume | None], Any]) -> Callable[[Resume | None], Any]:
+    """``train_once(resume)`` (the checkpoint found for the ``train()`` call), trained again from the last good
+    checkpoint after each :class:`Rollback` (with ``rollback_on_spike`` set; otherwise ``train_once`` itself)."""
+    factor = trainer.args.rollback_on_spike
+    if factor is None:
+        return train_once
+
+    def train(resume: Resume | None) -> Any:
+        done = 0  # this call's rollbacks (an older checkpoint's history may not hold the records of all of them)
+        while True:
+            try:
+                return train_once(resume)
+            except Rollback as spike:
+                spike.count = max(spike.count, done)
+                resume = Resume.of(trainer, _rollback_point(trainer, spike, factor))  # found and checked as any
+                done = spike.count + 1
+
+    return train
+
+
+def _rollback_point(trainer: Any, spike: Rollback, factor: float) -> str:
+    what = (f"the logged loss {spike.loss:.6g} at step {spike.step} is "
+            + (f"above {factor:g} x the median {spike.median:.6g} of the recent logged losses"
+               if math.isfinite(spike.loss) else "not finite"))
+    if spike.count >= MAX_ROLLBACKS:
+        raise RuntimeError(
+            f"rollback_on_spike: {what}, after {spike.count} rollbacks in this run (trainer_state.json's log_history "
+            "records them): the spikes keep coming back, so the data windows skipped were not the cause. Stopping. "
+            "Lower learning_rate, set max_grad_norm (e.g. 1.0), add warmup, or check the data and the model."
+        ) from spike
+    output_dir = trainer._get_output_dir(getattr(trainer, "_trial", None))
+    checkpoint = last_good_checkpoint(output_dir, spike.good_step)
+    if checkpoint is None:
+        raise RuntimeError(
+            f"rollback_on_spike: {what}, but {output_dir} holds no usable checkpoint at or before step "
+            f"{spike.good_step} (the last step logged before the spike) to go back to. Save more often than the "
+            "spikes come (save_steps), keep older checkpoints (save_total_limit of 2 or more), or set "
+            "rollback_on_spike=None."
+        ) from spike
+    step = checkpoint_step(checkpoint)
+    trainer._pending_rollback = spike.record(step)
+    logger.warning("rollback_on_spike: %s. Going back to %s and skipping the data of steps %d-%d (rollback %d of at "
+                   "most %d).", what, checkpoint, step + 1, spike.step, spike.count + 1, MAX_ROLLBACKS)
+    return checkpoint

@@ -1,0 +1,343 @@
+"""``trainwell report --watch RUN [RUN ...]``: a page on localhost that follows runs while they train.
+
+Owns watching the run folders and serving what they hold. Every second a background thread looks at each run's
+files (``trainer_state.json`` of the folder and of its newest checkpoint: a ``stat`` each; the live log,
+``live_log.jsonl``: only the bytes added since the last look) and, when something changed, rebuilds that run's
+curves (``trainwell.report.history``, merged with the live log by ``trainwell.report.live``). The page
+(``trainwell.report.watch_page``) asks for them every second and redraws, so a log shows within about two
+seconds. Nothing but the run folders is read, so a run on another machine is watched through a shared disk; the
+training process is never contacted.
+
+Safety: the server listens on 127.0.0.1 only and answers ``GET /`` (the page) and ``GET /data`` (the curves as
+JSON) and nothing else; a request whose ``Host`` is not this machine's loopback name is refused (a web page
+elsewhere cannot read the data through DNS rebinding). It writes nothing. Every file is hostile: read only when
+it is a regular file reached without a symbolic link, never blocking on a FIFO, a state file of at most
+``MAX_STATE_BYTES``; a file that cannot be read is reported on the page and the run's last good curves are kept.
+Names and metric keys reach the page as JSON and are shown as text, never as markup.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import math
+import os
+import re
+import secrets
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from trainwell.loop.live_log import LIVE_LOG_NAME
+from trainwell.report.curves import auto_weight, downsample, smooth, spans_decade, values_of
+from trainwell.report.history import STATE_FILE, RunHistory, parse_state, run_from_state, summary
+from trainwell.report.live import LiveLogReader, merge_state
+from trainwell.report.plots import plot_groups
+
+MAX_STATE_BYTES = 1 << 30
+_POINTS = 400  # buckets per curve sent to the page (curves.downsample keeps about twice as many points)
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_LINEAR_ONLY = frozenset({"learning_rate"})
+_LABELS = {"loss": "train loss", "eval_loss": "validation loss"}
+
+
+def _regular(path: Path) -> os.stat_result | None:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info if stat.S_ISREG(info.st_mode) else None
+
+
+def read_regular_file(path: Path, limit: int) -> bytes:
+    """The bytes of ``path`` when it is a regular file reached without a link and at most ``limit`` bytes long;
+    ``ValueError`` saying why not otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise ValueError(f"{path}: cannot open it ({err.strerror or err}); a symbolic link is not followed") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"{path} is {info.st_size} bytes, more than the {limit} a trainer state may be")
+        return fh.read(limit + 1)[:limit]
+
+
+class WatchedRun:
+    """One run folder (or checkpoint, or state file), re-read when its files change."""
+
+    def __init__(self, path: str | os.PathLike[str], name: str) -> None:
+        self.path = Path(path)
+        self.name = name
+        folder = self.path.is_dir() and not _CHECKPOINT.match(self.path.name)
+        self.reader = LiveLogReader(self.path) if folder else None
+        self.run: RunHistory | None = None
+        self.error: str | None = None  #: why a file could not be read (the last good curves are kept)
+        self.waiting: str | None = None  #: why there is nothing to show yet
+        self._state_key: tuple[Any, ...] | None = None
+        self._state: tuple[Path, dict[str, Any]] | None = None
+        self._pending = False
+        self._built_at = 0.0
+        self._cost = 0.0
+
+    def _candidates(self) -> list[tuple[Path, os.stat_result]]:
+        """The state files a report could read: the folder's and its newest checkpoint's (or the file named)."""
+        if not self.path.is_dir():
+            info = _regular(self.path)
+            return [(self.path, info)] if info else []
+        found = [self.path / STATE_FILE]
+        try:
+            steps = [(int(m.group(1)), e.name) for e in os.scandir(self.path) if (m := _CHECKPOINT.match(e.name))]
+        except OSError:
+            steps = []
+        for _, name in sorted(steps, reverse=True):
+            if _regular(self.path / name / STATE_FILE):
+                found.append(self.path / name / STATE_FILE)
+                break
+        return [(p, info) for p in found if (info := _regular(p)) is not None]
+
+    def _read_state(self) -> bool:
+        """Re-read the state files when one changed (by ``stat``); True when they did. ``error`` says why the
+        newest could not be read (the last good state is kept)."""
+        candidates = self._candidates()
+        key = tuple((str(p), i.st_ino, i.st_size, i.st_mtime_ns) for p, i in candidates)
+        if key == self._state_key:
+            return False
+        self._state_key, self.error = key, None
+        states = []
+        for path, _ in candidates:
+            try:
+                states.append((path, parse_state(read_regular_file(path, MAX_STATE_BYTES), path)))
+            except ValueError as err:
+                self.error = str(err)
+        if states:
+            self._state = max(states, key=lambda ps: _step(ps[1]))  # the newest; a tie goes to the folder's
+        return True
+
+    def refresh(self) -> bool:
+        """Look at the files again; True when what the page shows of this run changed."""
+        before = self.error
+        changed = self.reader.poll() if self.reader is not None else False
+        changed = self._read_state() or changed or self._pending
+        if not changed:
+            return False
+        now = time.monotonic()
+        if now - self._built_at < 4 * self._cost:  # a long history: rebuilt at most a fifth of the time
+            self._pending = True
+            return self.error != before
+        self._pending, self._built_at = False, now
+        live = self.reader.history if self.reader is not None else None
+        path, state = self._state if self._state is not None else (None, None)
+        merged = merge_state(state, live) or state
+        if merged is None:
+            waiting = f"nothing to show yet: no {STATE_FILE} and no live log in {self.path} (waiting for the run)"
+            changed, self.waiting = waiting != self.waiting, waiting
+            return changed or self.error != before
+        source = path if path is not None else self.path / LIVE_LOG_NAME
+        self.run, self.waiting = run_from_state(source, merged, live, self.name), None
+        self._cost = time.monotonic() - now
+        return True
+
+
+def _step(state: dict[str, Any]) -> int:
+    step = state.get("global_step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else -1
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _points(points: list[tuple[float, float]]) -> list[list[float | None]]:
+    return [[x, _finite(y)] for x, y in downsample(points, _POINTS)]
+
+
+def _status(watched: WatchedRun) -> dict[str, Any]:
+    run = watched.run
+    out: dict[str, Any] = {"name": watched.name, "folder": str(watched.path),
+                           "error": watched.error or (watched.waiting if watched.run is None else None)}
+    if run is None:
+        return out
+    state, session = run.state, run.sessions[-1] if run.sessions else None
+    live = watched.reader.history if watched.reader is not None else None
+    out.update({"step": state.get("global_step"), "max_steps": state.get("max_steps"),
+                "sessions": len(run.sessions), "finished": session is not None and session.summary is not None,
+                "last_log": live.last_time if live is not None else None,
+                "resumed_at": [s.start_step for s in run.sessions[1:]],
+                "start_step": session.start_step if session else 0})
+    head = summary(run)
+    out["summary"] = {k: v for k, v in head.items() if k not in ("run", "state file")}
+    for key in ("loss", "eval_loss"):
+        points = run.series.get(key)
+        out[key] = _finite(points[-1][1]) if points else None
+    return out
+
+
+def figures(runs: list[WatchedRun], smoothing: float | None = None) -> list[dict[str, Any]]:
+    """The figures of the page: ``plot_groups`` over every run's metrics, each curve on the step axis and cut to
+    a few hundred points (``curves.downsample``), the train loss with its smoothed curve, and each run's resume
+    points."""
+    shown = [(index, w.run) for index, w in enumerate(runs) if w.run is not None]
+    groups: dict[str, list[str]] = {}
+    for _, run in shown:
+        for name, keys in plot_groups(run.series).items():
+            groups.setdefault(name, [])
+            groups[name] += [k for k in keys if k not in groups[name]]
+    out = []
+    for name, keys in groups.items():
+        series: list[dict[str, Any]] = []
+        for index, run in shown:
+            for key in keys:
+                points = run.series.get(key)
+                if not points:
+                    continue
+                label = _LABELS.get(key, key)
+                series.append({"run": index, "key": key, "label": label, "points": _points(points), "faint": False})
+                weight = auto_weight(len(points)) if smoothing is None else smoothing
+                if key == "loss" and weight > 0 and len(points) >= 3:
+                    series[-1]["faint"] = True
+                    smoothed = list(zip([x for x, _ in points], smooth(values_of(points), weight)))
+                    series.append({"run": index, "key": key, "label": f"{label} (smoothed {weight:.2g})",
+                                   "points": _points(smoothed), "faint": False})
+        values = [y for s in series for _, y in s["points"] if y is not None]
+        marks = [{"run": index, "x": s.start_step, "label": f"resumed at step {s.start_step}"}
+                 for index, run in shown for s in run.sessions[1:]]
+        out.append({"key": name, "title": name.replace("_", " "), "series": series, "marks": marks,
+                    "log": name not in _LINEAR_ONLY and spans_decade(values)})
+    return out
+
+
+def _guarded_refresh(run: WatchedRun) -> bool:
+    """``run.refresh()``; a failure is shown as the run's error (the watcher thread must outlive any file)."""
+    try:
+        return run.refresh()
+    except Exception as err:  # noqa: BLE001 - whatever a hostile file provokes, the page says so and goes on
+        run.error = f"cannot read {run.path}: {type(err).__name__}: {err}"
+        return True
+
+
+class Watcher:
+    """The runs being watched, refreshed by a background thread; ``payload(since)`` is what ``/data`` answers."""
+
+    def __init__(self, runs: list[WatchedRun], interval: float = 1.0, smoothing: float | None = None) -> None:
+        self.runs = runs
+        self.interval = interval
+        self.smoothing = smoothing
+        self.version = 0
+        self._payload: bytes = b""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="trainwell-watch", daemon=True)
+
+    def refresh(self) -> None:
+        changed = [_guarded_refresh(run) for run in self.runs]
+        if any(changed) or not self._payload:  # the page learns of a change by the version
+            body = {"version": self.version + 1, "runs": [_status(r) for r in self.runs],
+                    "figures": figures(self.runs, self.smoothing)}
+            data = json.dumps(body, allow_nan=False, default=str, separators=(",", ":")).encode("utf-8")
+            with self._lock:
+                self.version, self._payload = self.version + 1, data
+
+    def payload(self, since: int | None) -> bytes:
+        with self._lock:
+            if since == self.version:
+                return json.dumps({"version": self.version, "unchanged": True, "time": time.time()}).encode()
+            return self._payload[:-1] + b',"time":' + json.dumps(time.time()).encode() + b"}"
+
+    def start(self) -> None:
+        self.refresh()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.refresh()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: WatchServer
+    server_version = "trainwell-watch"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass  # no line per request on the console
+
+    def _send(self, code: int, body: bytes, kind: str, extra: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        headers = {"Content-Type": kind, "Content-Length": str(len(body)), "Cache-Control": "no-store",
+                   "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                   "X-Frame-Options": "DENY", **(extra or {})}
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _refuse(self, code: int, why: str) -> None:
+        self._send(code, (why + "\n").encode(), "text/plain; charset=utf-8")
+
+    def do_GET(self) -> None:  # noqa: N802 - the base class's name
+        if not self.server.host_allowed(self.headers.get("Host")):
+            self._refuse(403, "this page answers only requests to 127.0.0.1 or localhost")
+            return
+        path, _, query = self.path.partition("?")
+        if path == "/":
+            from trainwell.report.watch_page import page
+
+            nonce = secrets.token_urlsafe(16)
+            csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; connect-src 'self'; "
+                   "img-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+            self._send(200, page(nonce).encode(), "text/html; charset=utf-8", {"Content-Security-Policy": csp})
+        elif path == "/data":
+            match = re.fullmatch(r"since=(-?\d{1,18})", query)
+            self._send(200, self.server.watcher.payload(int(match.group(1)) if match else None),
+                       "application/json; charset=utf-8")
+        else:
+            self._refuse(404, "not found: this server has / and /data only")
+
+    do_HEAD = do_GET
+
+    def _read_only(self) -> None:
+        self._refuse(405, "read-only: only GET is answered")
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _read_only
+
+
+class WatchServer(http.server.ThreadingHTTPServer):
+    """The HTTP server on 127.0.0.1 (``port`` 0: a free one, chosen by the system)."""
+
+    daemon_threads = True
+
+    def __init__(self, watcher: Watcher, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.watcher = watcher
+        self.port = self.server_address[1]
+        self._hosts = {f"{name}:{self.port}" for name in ("127.0.0.1", "localhost", "[::1]")}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def host_allowed(self, host: str | None) -> bool:
+        return host is not None and host.lower() in self._hosts
+
+
+def watch_runs(paths: list[str], names: list[str], port: int = 0, interval: float = 1.0,
+               smoothing: float | None = None) -> WatchServer:
+    """A started server (its watcher refreshing in the background) for the runs at ``paths``; call
+    ``serve_forever()`` on it, and ``shutdown()`` and ``watcher.stop()`` to end it."""
+    watcher = Watcher([WatchedRun(p, n) for p, n in zip(paths, names)], interval, smoothing)
+    server = WatchServer(watcher, port)
+    watcher.start()
+    return server
+
+
+__all__ = ["MAX_STATE_BYTES", "WatchServer", "WatchedRun", "Watcher", "figures", "read_regular_file", "watch_runs"]
