@@ -14,6 +14,15 @@ if ROOT not in sys.path:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m "serial" / "not serial" selects on the marks added here
+def pytest_collection_modifyitems(config, items):
+    """Marks the tests that need the machine alone ``serial`` (scripts/test.sh runs them after the others), and
+    keeps the tests of a module-scoped fixture on one xdist worker: tests/common/scheduling.py says how."""
+    from tests.common.scheduling import schedule
+
+    schedule(items)
+
+
 @pytest.fixture
 def out_dir(tmp_path):
     return str(tmp_path / "out")
