@@ -11,7 +11,9 @@
 
 Two launchers at once would fight over the default rendezvous port (29500) and over the 2 cores, and a Ray started
 by one test can be joined by another's ``ray.init()``. ``pytest.mark.parallel_safe`` overrides the automatic rule
-for a test it misjudges (never a marker: an explicit ``serial`` wins).
+for a test it misjudges (never a marker: an explicit ``serial`` wins). It errs towards running alone: a local
+variable named ``launch`` or ``ray`` in a function with an ``assert`` counts (pytest's assertion rewriting stores the
+names of locals as string constants).
 
 A test that uses a module-, class- or package-scoped fixture is put in an ``xdist_group`` with the rest of its
 module, so the fixture is built once, on one worker, rather than once per worker.
@@ -71,10 +73,13 @@ class LauncherFinder:
     def _code_launches(self, code: types.CodeType, globs: dict) -> bool:
         if LAUNCHER_NAMES.intersection(code.co_names):
             return True
-        for const in code.co_consts:
-            if isinstance(const, str) and LAUNCHER_STRINGS.match(const):
+        consts = list(code.co_consts)
+        for const in consts:
+            if isinstance(const, (tuple, frozenset)):  # a list or set literal of constants is compiled to one
+                consts.extend(const)
+            elif isinstance(const, str) and LAUNCHER_STRINGS.match(const):
                 return True
-            if isinstance(const, types.CodeType) and self._code_launches(const, globs):
+            elif isinstance(const, types.CodeType) and self._code_launches(const, globs):
                 return True
         for name in code.co_names:
             value = globs.get(name)
