@@ -43,8 +43,10 @@ serial_status=0
 .venv/bin/python -m pytest -q --durations=20 -m "$(both serial)" "$@" || serial_status=$?
 [ "$serial_status" = 5 ] && serial_status=0
 total=$((SECONDS - start))
+shown="$workers"
+if [ "$workers" = auto ]; then shown="$(nproc)"; fi
 printf 'suite: %dm%02ds (side by side on %s workers: %dm%02ds; one at a time: %dm%02ds)\n' $((total / 60)) \
-  $((total % 60)) "$workers" $((parallel / 60)) $((parallel % 60)) $(((total - parallel) / 60)) \
+  $((total % 60)) "$shown" $((parallel / 60)) $((parallel % 60)) $(((total - parallel) / 60)) \
   $(((total - parallel) % 60))
 if [ "$status" != 0 ]; then exit "$status"; fi
 exit "$serial_status"
