@@ -145,6 +145,18 @@ def _length(obj: Any) -> int | None:
         return None
 
 
+def _say(line: str) -> None:
+    """Write one line to stdout, flushed, without ``print``.
+
+    Ray Train (V2) replaces ``print`` on its workers with one that logs each line to the root logger, whose
+    console handler shows it, and, because Ray wraps ``sys.stdout``, also writes it there: every line reached the
+    driver twice. A direct write reaches it once, wherever ``print`` was replaced.
+    """
+    stream = sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
+
+
 class StepPace:
     """Seconds per optimizer step, smoothed so that an ETA built on it holds still.
 
@@ -300,7 +312,7 @@ class ProgressCallback(TrainerCallback):
         elif self._plain and now - self._last_line >= self.plain_interval:
             self._last_line = now
             rate = self.pace.rate()
-            print(f"[{self._progress(state, rate)}] {_rate_text(rate)}".rstrip(), flush=True)
+            _say(f"[{self._progress(state, rate)}] {_rate_text(rate)}".rstrip())
         self.current_step = state.global_step
 
     def on_prediction_step(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -342,7 +354,7 @@ class ProgressCallback(TrainerCallback):
             has_speed = any(key.endswith("_per_second") for key in logs)
             speed = "" if has_speed or not rate else f" ({_rate_text(rate)})"
             marker = f"{kind}: " if kind in ("eval", "done") else ""
-            print(f"[{self._progress(state, rate)}] {marker}{shown}{speed}", flush=True)
+            _say(f"[{self._progress(state, rate)}] {marker}{shown}{speed}")
 
     def on_train_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._training = False
@@ -404,6 +416,6 @@ class PrinterCallback(TrainerCallback):
             return
         if self.compact:
             kind, shown = compact_log(kwargs.get("logs") or {})
-            print(f"{_compact_head(kind, state)}  {shown}", flush=True)
+            _say(f"{_compact_head(kind, state)}  {shown}")
         else:
-            print(format_logs(kwargs.get("logs")), flush=True)
+            _say(str(format_logs(kwargs.get("logs"))))
