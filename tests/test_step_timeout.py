@@ -104,6 +104,31 @@ def test_one_stuck_process_raises_step_timeout_in_its_main_thread(tmp_path, capf
     assert line["step"] == 3 and line["processes"] == [0] and "on_step_end" in line["frame"]
 
 
+def test_train_in_another_thread_is_stopped_there_and_the_main_thread_left_alone(tmp_path, monkeypatch):
+    """Ray Tune's trials and a threaded Optuna search (n_jobs > 1) call train() outside the main thread: the
+    watchdog names that thread's frame and raises StepTimeout there, never in the main thread (busy with something
+    else), and it is joined before train() returns."""
+    exits = []
+    monkeypatch.setattr(stall.os, "_exit", exits.append)  # a wrong thread would otherwise end pytest itself
+    outcome = {}
+
+    def target():
+        try:
+            _train(tmp_path, step_timeout=2, stall_at=3)
+        except BaseException as err:  # noqa: BLE001 - the outcome is the test's to judge
+            outcome["error"] = err
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while worker.is_alive() and time.monotonic() < deadline:
+        worker.join(0.05)  # short waits: an exception raised in this thread would be delivered here
+    assert isinstance(outcome.get("error"), stall.StepTimeout), outcome
+    assert re.search(r"stuck in test_step_timeout\.py:\d+ in on_step_end", str(outcome["error"])), outcome
+    assert exits == []
+    assert [t for t in threading.enumerate() if t.name == "trainwell-step-watchdog"] == []
+
+
 def test_auto_takes_the_timeout_from_the_step_time_with_a_floor(tmp_path, monkeypatch):
     monkeypatch.setattr(stall, "AUTO_FLOOR", 1.5)
     monkeypatch.setattr(stall, "AUTO_SAMPLES", 3)
