@@ -153,6 +153,30 @@ def test_a_run_that_makes_progress_is_never_stopped(tmp_path):
     assert trainer.state.global_step == 6 and not (tmp_path / "step_timeout.jsonl").exists()
 
 
+class SlowData(ClassificationDataset):
+    def __getitem__(self, i):
+        time.sleep(0.04)  # 0.16 s per batch of 4
+        return super().__getitem__(i)
+
+
+class SkipRecord(TrainerCallback):
+    """A rollback_on_spike record in the state: steps 3-12 are passed over (their batches read, not trained)."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        state.log_history.append({"rollback": 1, "rollback_to_step": 2, "skipped_steps_from": 3,
+                                  "skipped_steps_to": 12, "step": 12})
+
+
+def test_steps_passed_over_after_a_rollback_are_progress(tmp_path):
+    """A rerun passes over the steps a rollback recorded by reading their batches (1.6 s here, minutes for the
+    few hundred batches of a real skip): that is progress, not a stuck process."""
+    args = TrainingArguments(str(tmp_path), max_steps=14, per_device_train_batch_size=4, save_strategy="no",
+                             report_to="none", disable_tqdm=True, step_timeout=1)
+    trainer = Trainer(DropoutMLP(), args, train_dataset=SlowData(), callbacks=[SkipRecord()])
+    trainer.train()
+    assert trainer.state.global_step == 14 and not (tmp_path / "step_timeout.jsonl").exists()
+
+
 # ---------------------------------------------------------------------------------------------- no processes
 def test_the_stuck_process_is_the_one_outside_a_collective_or_silent():
     report = lambda beats, collective: {"beats": beats, "collective": collective}  # noqa: E731
