@@ -45,7 +45,7 @@ def _launch(workdir, stall_kind: str) -> tuple[dict[int, dict], str, float]:
     ("callback", "stall_script.py:36 in on_step_end (a callback's on_step_end at step 3)", "process 0 in "),
     ("loader", "in __getitem__ (reading the training data of step 2)", "process 0 in "),
     ("collective", "in compute_loss (in training step 3)",
-     "process 0 in precision.py:85 in backward (the backward pass (its gradient all-reduce) in training step 3)"),
+     "process 0 in precision.py:N in backward (the backward pass (its gradient all-reduce) in training step 3)"),
 ])
 def test_a_stuck_process_stops_every_process_with_one_error_naming_it(tmp_path, kind, stuck_in, waiting_in):
     results, log, seconds = _launch(tmp_path, kind)
@@ -53,7 +53,8 @@ def test_a_stuck_process_stops_every_process_with_one_error_naming_it(tmp_path, 
     assert printed, log[-6000:]
     message = printed[0]
     assert message.startswith("No progress for 3 s (step_timeout=3.0): process 1 of 2 is stuck "), message
-    assert stuck_in in message and "the other processes were waiting for it: " + waiting_in in message, message
+    waiting = re.sub(r"precision\.py:\d+ ", "precision.py:N ", message)  # trainwell's own line: any edit moves it
+    assert stuck_in in message and "the other processes were waiting for it: " + waiting_in in waiting, message
     # every process printed its stack and the same error (their stderr may interleave: looked for whole)
     assert log.count("StepTimeout: No progress for 3 s") == 2 and set(printed) == {message}, log[-6000:]
     for rank in (0, 1):
