@@ -285,6 +285,9 @@ class ProgressCallback(TrainerCallback):
         return bar
 
     def on_train_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        # an earlier train() that ended without on_train_end (it raised; rollback_on_spike trains again): its bar
+        # is closed and the log routing undone before this one's are made
+        self._close_training_bar()
         now = self._clock()
         self.current_step = state.global_step
         self.pace.start(now, state.global_step)
@@ -352,13 +355,16 @@ class ProgressCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._training = False
+        self._close_training_bar()
+        self._close_prediction_bar()
+
+    def _close_training_bar(self) -> None:
         if self._above_bar is not None:
             self._above_bar.uninstall()
             self._above_bar = None
         if self.training_bar is not None:
             self.training_bar.close()
             self.training_bar = None
-        self._close_prediction_bar()
 
     def _close_prediction_bar(self) -> None:
         if self.prediction_bar is not None:
