@@ -119,6 +119,21 @@ def test_a_message_logged_while_the_bar_is_drawn_starts_on_its_own_line(monkeypa
     assert logging.lastResort is before
 
 
+def test_a_train_that_ended_without_on_train_end_leaves_no_bar_or_routing_behind(monkeypatch):
+    """rollback_on_spike trains again after a Rollback, and a train() that raised never saw on_train_end: the next
+    on_train_begin closes the earlier bar and puts the log routing back, so on_train_end restores it whole."""
+    monkeypatch.setattr(sys, "stderr", FakeTerminal())
+    before = logging.lastResort
+    progress = ProgressCallback()
+    args, state, control = make_args("o"), TrainerState(max_steps=10), TrainerControl()
+    progress.on_train_begin(args, state, control)
+    first = progress.training_bar
+    progress.on_train_begin(args, state, control)  # no on_train_end in between
+    assert first.disable and progress.training_bar is not first  # closed (tqdm disables a closed bar)
+    progress.on_train_end(args, state, control)
+    assert logging.lastResort is before
+
+
 def test_only_the_world_main_process_prints(capsys):
     args, control = make_args("o"), TrainerControl()
     replica = TrainerState(max_steps=4, is_world_process_zero=False, is_local_process_zero=True)
