@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -12,6 +13,39 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One torch thread per test process (and for the processes tests start): pytest-xdist's workers, a test's own
+# subprocesses and the machine's other work already fill the cores, and OpenMP threads that outnumber them wait for
+# each other at every op: a PEFT test of a 2-layer model took 8.6 s with 2 threads, 1.1 s with one, on 2 busy cores.
+# Set OMP_NUM_THREADS to choose otherwise.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported before this file (a plugin): the variable came too late for it
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m "serial" / "not serial" selects on the marks added here
+def pytest_collection_modifyitems(config, items):
+    """Marks the tests that need the machine alone ``serial`` (scripts/test.sh runs them after the others), and
+    keeps the tests of a module-scoped fixture on one xdist worker: tests/common/scheduling.py says how."""
+    from tests.common.scheduling import schedule
+
+    schedule(items)
+
+
+_FROZEN_UP_TO: list[str] = []  # the module whose first test last froze the heap
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """At each test module's first test, collect garbage and freeze what is left (``gc.freeze``): the imported
+    libraries (torch, transformers, Ray, ...) are some 800,000 objects, which every full collection walks again,
+    and Accelerate's out-of-memory retries, the memory metrics and a Trainer's clean-up each call ``gc.collect()``
+    (0.3-1 s each in such a heap; 15 s for one batch-size search). Frozen objects are never collected, so the
+    collection comes first: only what is still alive is frozen."""
+    module = item.nodeid.split("::")[0]
+    if _FROZEN_UP_TO[-1:] != [module]:
+        _FROZEN_UP_TO[:] = [module]
+        gc.collect()
+        gc.freeze()
 
 
 @pytest.fixture

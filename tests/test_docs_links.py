@@ -99,3 +99,12 @@ def test_the_checker_catches_a_missing_file_and_a_missing_anchor(tmp_path):
     found, problems = broken_links(page, tmp_path)
     assert found == 5
     assert len(problems) == 2 and "docs/b.md" in problems[0] and "'three'" in problems[1], problems
+
+
+def test_the_docs_index_lists_every_page_once():
+    """docs/README.md is the index a newcomer reads: each page of docs/ on one line of its own."""
+    index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^- \[[^\]]+\]\(([^)#]+\.md)\)", index, re.M)
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    assert sorted(listed) == pages, f"docs/README.md lists {sorted(listed)}; docs/ has {pages}"
+    assert "docs/README.md" in (ROOT / "README.md").read_text(encoding="utf-8"), "the README links to the index"

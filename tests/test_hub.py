@@ -107,6 +107,19 @@ def test_save_model_pushes_and_non_blocking_push_returns_a_future(fake_hub, tmp_
     assert fake_hub.commits[-1].message == "later"
 
 
+def test_trainwells_own_files_are_never_pushed(fake_hub, tmp_path):
+    """The live log and a step_timeout record are trainwell's bookkeeping (the reference writes neither): the
+    model repository gets what the reference's would."""
+    trainer = _trainer(tmp_path / "run", hub_strategy="end")
+    trainer.train()
+    (tmp_path / "run" / "step_timeout.jsonl").write_text("{}\n")
+    assert (tmp_path / "run" / "live_log.jsonl").is_file()
+    trainer.push_to_hub()
+    uploaded = fake_hub.files("tester/run")
+    assert "model.safetensors" in uploaded
+    assert not {"live_log.jsonl", "step_timeout.jsonl", ".trainwell.lock"} & set(uploaded)
+
+
 def test_push_to_hub_without_push_to_hub_argument_creates_the_repo(fake_hub, tmp_path):
     args = make_args(str(tmp_path / "plain"), max_steps=2)
     trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=16))

@@ -9,15 +9,22 @@ bit. The runs use the tiny dropout MLP of tests/common/models.py, 6 steps, a che
 from __future__ import annotations
 
 import logging
+import os
+import re
+import shlex
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.common.multinode import files_under, launch_two_nodes, writes_by_path
+from tests.common.multinode import files_under, free_port, launch_two_nodes, writes_by_path
 
 pytestmark = pytest.mark.distributed
 
+ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT_FILES = ["checkpoint_manifest.json", "model.safetensors", "optimizer.pt", "rng_state_0.pth",
                     "rng_state_1.pth", "scheduler.pt", "trainer_state.json", "training_args.json"]
 
@@ -200,3 +207,34 @@ def test_two_nodes_of_two_processes_on_local_disks(tmp_path):
     for report in resumed.reports.values():
         assert report["params"] == full.reports[0]["params"] and report["losses"] == full.reports[0]["losses"]
     _no_file_written_twice(full, killed, resumed)
+
+
+def test_the_docs_localhost_recipe_trains_the_quickstart_as_one_job_of_two_nodes(tmp_path):
+    """docs/scaling.md's "Several nodes on one machine", run as written (on a free port, this Python's torchrun):
+    the two launchers make one job of 2 processes, so the quickstart's epoch is 32 steps (3 epochs: checkpoint-96)
+    and each checkpoint holds both processes' RNG state."""
+    _cpu_only()
+    doc = (ROOT / "docs" / "scaling.md").read_text("utf-8")
+    (block,) = re.findall(r"```bash\n(.*?)```", doc[doc.index("## Several nodes on one machine"):].split("\n## ")[0],
+                          re.S)  # fmt: skip
+    assert block.count("127.0.0.1:29500") == 1 and block.count("torchrun ") == 1, block
+    script = block.replace("127.0.0.1:29500", f"127.0.0.1:{free_port()}")
+    script = script.replace("torchrun ", f"{shlex.quote(sys.executable)} -m torch.distributed.run ")
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # both launchers and their processes, not only bash
+        out = proc.communicate()[0] + "\n[timed out]"
+    logs = "".join(f"--- node{n}.log\n" + (tmp_path / f"node{n}.log").read_text()[-3000:] for n in (0, 1)
+                   if (tmp_path / f"node{n}.log").is_file())  # fmt: skip
+    assert proc.returncode == 0, out[-3000:] + logs
+    checkpoint = tmp_path / "quickstart-out" / "checkpoint-96"
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(checkpoint)), logs
+    assert not (tmp_path / "quickstart-out" / "checkpoint-192").exists()
+    for node in (0, 1):  # each node's process printed the quickstart's evaluation and predictions
+        text = (tmp_path / f"node{node}.log").read_text()
+        assert "'eval_accuracy'" in text and "predicted: [" in text, text[-3000:]

@@ -17,7 +17,7 @@ import torch
 
 from tests.common.models import ClassificationDataset, DropoutMLP
 from trainwell import Trainer, TrainerCallback, TrainingArguments
-from trainwell.checkpoint.finite import NonFiniteWeightsError
+from trainwell.checkpoint.finite import NonFiniteWeightsError, nonfinite_tensor
 
 BAD_STEPS = (3, 4)
 
@@ -146,6 +146,16 @@ def test_a_checkpoint_of_nonfinite_weights_is_refused_and_the_previous_one_stays
     resumed = Trainer(DropoutMLP(), _args(tmp_path, max_steps=2), train_dataset=ClassificationDataset())
     resumed.train(resume_from_checkpoint=True)  # the newest checkpoint is the good one
     assert all(torch.isfinite(p).all() for p in resumed.model.parameters())
+
+
+def test_the_finite_check_passes_over_float8_weights():
+    """A LoRA over an fp8 base model holds frozen float8 weights, which have no aminmax kernel: every save failed."""
+    model = torch.nn.Linear(4, 4)
+    model.register_buffer("fp8_base", torch.randn(4, 4).to(torch.float8_e4m3fn))
+    assert nonfinite_tensor(model) is None
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    assert nonfinite_tensor(model) == "weight"
 
 
 @pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"], ids=["fused", "copy-guard"])

@@ -119,6 +119,21 @@ def test_a_message_logged_while_the_bar_is_drawn_starts_on_its_own_line(monkeypa
     assert logging.lastResort is before
 
 
+def test_a_train_that_ended_without_on_train_end_leaves_no_bar_or_routing_behind(monkeypatch):
+    """rollback_on_spike trains again after a Rollback, and a train() that raised never saw on_train_end: the next
+    on_train_begin closes the earlier bar and puts the log routing back, so on_train_end restores it whole."""
+    monkeypatch.setattr(sys, "stderr", FakeTerminal())
+    before = logging.lastResort
+    progress = ProgressCallback()
+    args, state, control = make_args("o"), TrainerState(max_steps=10), TrainerControl()
+    progress.on_train_begin(args, state, control)
+    first = progress.training_bar
+    progress.on_train_begin(args, state, control)  # no on_train_end in between
+    assert first.disable and progress.training_bar is not first  # closed (tqdm disables a closed bar)
+    progress.on_train_end(args, state, control)
+    assert logging.lastResort is before
+
+
 def test_only_the_world_main_process_prints(capsys):
     args, control = make_args("o"), TrainerControl()
     replica = TrainerState(max_steps=4, is_world_process_zero=False, is_local_process_zero=True)
@@ -215,3 +230,23 @@ def test_compact_lines_one_per_log_numbers_unquoted_evaluations_marked(capsys):
     # the default stays the reference's dict, for library users
     PrinterCallback().on_log(args, state, control, logs={"loss": 0.5})
     assert capsys.readouterr().out == "{'loss': '0.5'}\n"
+
+
+def test_each_line_is_written_once_where_print_is_replaced_as_on_ray_train_workers(capsys, monkeypatch):
+    """Ray Train (V2) replaces ``print`` on its workers with one that writes the line and also logs it (shown again
+    by the root logger's console handler): the driver showed each progress line twice. The lines bypass print."""
+    import builtins
+
+    def doubling_print(*objects, **kwargs):  # what Ray's patched print amounts to where sys.stdout is wrapped
+        for _ in range(2):
+            sys.stdout.write(" ".join(map(str, objects)) + "\n")
+
+    monkeypatch.setattr(builtins, "print", doubling_print)
+    args, state, control = make_args("o"), TrainerState(max_steps=10, global_step=5), TrainerControl()
+    progress = ProgressCallback(stream=io.StringIO(), plain_interval=30)
+    progress.on_train_begin(args, state, control)
+    progress.on_log(args, state, control, logs={"loss": 1.5})
+    for printer in (PrinterCallback(), PrinterCallback(compact=True)):
+        printer.on_log(args, state, control, logs={"loss": 1.5})
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and len(set(lines)) == 3, lines

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -83,6 +85,36 @@ def test_latest_checkpoint_reads_either_callbacks_layout(ray_train, monkeypatch,
     held.append(ray_train.Checkpoint.from_directory(str(tmp_path / "other")))
     with pytest.raises(ValueError, match=r"holds no trainwell checkpoint.*RayTrainReportCallback"):
         latest_checkpoint()
+
+
+# ------------------------------------------------------------------------------------ the example
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "ray_train.py"
+
+
+def test_docs_scaling_shows_the_ray_example_file():
+    blocks = re.findall(r"^```python\n(.*?)^```$", (ROOT / "docs" / "scaling.md").read_text("utf-8"), re.S | re.M)
+    assert EXAMPLE.read_text("utf-8") in blocks, (
+        "docs/scaling.md's Ray Train example differs from examples/ray_train.py: paste the file into it unchanged")
+
+
+def test_the_ray_example_trains_on_its_own_local_ray_and_prints_each_line_once(tmp_path):
+    """What a newcomer runs: the example starts its own Ray (no dashboard), trains 2 workers, Ray keeps the
+    checkpoints; the driver shows each of rank 0's progress lines once (Ray Train's print made them twice).
+    Runs before this module's Ray instance is started (pytest keeps the file's order), so one Ray runs at a time."""
+    pytest.importorskip("ray.train.torch", reason="Ray Train is not installed (pip install 'ray[train]')")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}  # see ray_cluster below
+    run = subprocess.run([sys.executable, str(EXAMPLE), "--steps", "40"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-6000:]
+    assert re.search(r"^step 40 loss \d", run.stdout, re.M), run.stdout[-2000:]
+    (checkpoint,) = re.findall(r"^checkpoint: (.+)$", run.stdout, re.M)
+    assert Path(checkpoint).parent.parent == tmp_path / "ray-results" / "ray-train-example"
+    assert json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"] == 40
+    progress = re.findall(r"\[(\d+)/40 \d+% \| eta [^]]*\] \{'loss'", out)
+    assert progress == ["10", "20", "30", "40"], out[-6000:]  # rank 0 logs every 10 steps: each line once
 
 
 # ------------------------------------------------------------------------------------ on a local Ray cluster

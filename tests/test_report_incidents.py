@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 
 from trainwell.report import load_run
 from trainwell.report.history import summary_text
-from trainwell.report.incidents import incidents
+from trainwell.report.incidents import incidents, read_stops
 from trainwell.report.tables import session_rows
 
 ROLLBACK = {"rollback": 1, "rollback_to_step": 6, "skipped_steps_from": 7, "skipped_steps_to": 8,
@@ -57,6 +58,19 @@ def test_a_stop_file_behind_a_link_is_not_read(tmp_path):
     os.remove(run_dir / "step_timeout.jsonl")
     os.symlink(elsewhere, run_dir / "step_timeout.jsonl")
     assert incidents(load_run(run_dir)).stops == []
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_stop_file_that_is_a_fifo_is_not_waited_on(tmp_path):
+    """A FIFO at the stop file's name: opening it for reading would wait for a writer forever (the report hung)."""
+    _run(tmp_path, stops=())
+    os.remove(tmp_path / "step_timeout.jsonl")
+    os.mkfifo(tmp_path / "step_timeout.jsonl")
+    found = []
+    reader = threading.Thread(target=lambda: found.append(read_stops(tmp_path)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert found == [[]]
 
 
 def test_the_loss_plot_marks_them(tmp_path):

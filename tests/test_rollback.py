@@ -136,6 +136,27 @@ def test_what_counts_as_a_spike(losses, spikes):
         watch.check(state)
 
 
+class _Counted(dict):
+    reads = 0
+
+    def get(self, *args):
+        _Counted.reads += 1
+        return super().get(*args)
+
+
+def test_a_log_reads_only_the_recent_history():
+    """The check runs at every log of a run whose log_history only grows: it reads the last RECENT losses, not the
+    whole history (a 100,000-step run logging every step would otherwise read 5e9 entries)."""
+    state = _State([1.0] * 5000 + [0.9] * 5, 10010)
+    state.log_history = [_Counted(e) for e in state.log_history]
+    _Counted.reads = 0
+    SpikeWatch(5.0).check(state)
+    assert _Counted.reads < 100
+    state.log_history.append(_Counted(loss=50.0, step=10012))
+    with pytest.raises(Exception, match="loss 50.0 at step"):  # the median of the recent ones, 0.9 and 1.0
+        SpikeWatch(5.0).check(state)
+
+
 def test_data_skips_point_at_the_next_step_to_pass_over():
     skips = DataSkips([(7, 8), (15, 15)], global_step=0)
     assert skips.next_from == 6 and skips.skips(7) and skips.skips(8) and not skips.skips(9)

@@ -44,15 +44,9 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 # Log level names accepted by log_level / log_level_replica; "passive" keeps whatever the application set.
-LOG_LEVELS: dict[str, int] = {
-    "detail": logging.DEBUG,
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-    "critical": logging.CRITICAL,
-    "passive": -1,
-}
+LOG_LEVELS: dict[str, int] = {"detail": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
+                               "warning": logging.WARNING, "error": logging.ERROR, "critical": logging.CRITICAL,
+                               "passive": -1}
 
 
 #: trainwell's own fields (after the reference's); ``to_dict`` writes them only when set
@@ -309,22 +303,20 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
     log_throughput: bool = _arg(False, "trainwell: add tokens_per_second (over each log window, all processes) "
                                 "and, on a GPU of known peak in bf16/fp16, mfu (6 x non-embedding parameters x "
                                 "tokens/s over the peak) to each training log and the progress bar.")
-    skip_nonfinite_steps: bool | None = _arg(None, "trainwell: do not apply an optimizer step whose loss or "
-                                             "gradient norm is NaN/inf (decided on the device, no sync; the count "
-                                             "is logged as skipped_nonfinite_steps). None (default): wherever the "
-                                             "optimizer skips a step itself (torch's fused optimizers, the default "
-                                             "adamw_torch_fused; fp16's grad scaler); True: with any optimizer (a "
-                                             "copy of the parameters and optimizer state guards the others); "
-                                             "False: never. A checkpoint of non-finite weights is refused whatever "
-                                             "the setting (docs/resilience.md).", nargs="?", const=True)
-    rollback_on_spike: float | None = _arg(None, "trainwell: when a logged loss exceeds this factor times the "
-                                           "median of the recent logged losses (or is NaN/inf), reload the last "
-                                           "good checkpoint, skip the data since it and go on (at most 3 times); "
-                                           "e.g. 5.0. Needs checkpoints (docs/resilience.md).")
-    step_timeout: float | str | None = _arg(None, "trainwell: seconds without progress (a micro-batch, an "
-                                            "evaluation batch, a save) after which every process prints its "
-                                            "Python stack and the run stops, naming the stuck process; 'auto' "
-                                            "derives it from the median step time (docs/resilience.md).")
+    skip_nonfinite_steps: bool | None = _arg(
+        None, "trainwell: do not apply an optimizer step whose loss or gradient norm is NaN/inf (decided on the "
+        "device, no sync; the count is logged as skipped_nonfinite_steps). None (default): wherever the optimizer "
+        "skips a step itself (torch's fused optimizers, the default adamw_torch_fused; fp16's grad scaler); True: with "
+        "any optimizer (a copy of the parameters and optimizer state guards the others); False: never. A checkpoint "
+        "of non-finite weights is refused whatever the setting (docs/resilience.md).", nargs="?", const=True)
+    rollback_on_spike: float | None = _arg(
+        None, "trainwell: when a logged loss exceeds this factor times the median of the recent logged losses (or is "
+        "NaN/inf), reload the last good checkpoint, skip the data since it and go on (at most 3 times); e.g. 5.0. "
+        "Needs checkpoints (docs/resilience.md).")
+    step_timeout: float | str | None = _arg(
+        None, "trainwell: seconds without progress (a micro-batch, an evaluation batch, a save) after which every "
+        "process prints its Python stack and the run stops, naming the stuck process; 'auto' derives it from the "
+        "median step time (docs/resilience.md).")
 
     def __post_init__(self) -> None:
         normalize.normalize_args(self, AcceleratorConfig)

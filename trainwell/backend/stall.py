@@ -8,16 +8,20 @@ thread in every process reads it about four times per timeout. It arms once the 
 first step may compile), and when the count has not moved for ``step_timeout`` seconds it:
 
 1. tells the other processes what this one was doing, through the process group's key-value store (the launcher
-   hosts it, as ``trainwell.backend.failures`` uses it): its count, the innermost frame of its main thread that is
+   hosts it, as ``trainwell.backend.failures`` uses it): its count, the innermost frame of its training thread that is
    not the standard library's or torch's, what trainwell was doing there, and whether that is a collective;
 2. waits a few seconds for the others' reports, and settles on the stuck process: one that did not report, or is
    not inside a collective while the others wait in theirs (the fewest beats breaks a tie); the first process to
    decide writes the verdict to the store, so every process names the same one;
 3. prints its Python stack (``faulthandler``, every thread) and the one error to stderr, and (world process zero)
    appends the stop to ``output_dir/step_timeout.jsonl`` for the run report;
-4. raises :class:`StepTimeout` in the main thread; a main thread that does not return to Python (blocked in a
-   collective, a long sleep, C code) is ended with ``os._exit(1)`` after a grace period, sooner for the stuck
-   process (its exit makes the others' collectives fail, and :func:`watch` turns that into the same error).
+4. raises :class:`StepTimeout` in the training thread (the one that called ``train()``: the main thread of a
+   script, a worker thread of Ray Tune or of an Optuna search with ``n_jobs``); a training thread that does not
+   return to Python (blocked in a collective, a long sleep, C code) is ended with ``os._exit(1)`` after a grace
+   period, sooner for the stuck process (its exit makes the others' collectives fail, and :func:`watch` turns that
+   into the same error).
+
+The thread is stopped and joined when the attempt ends, however it ends: none is left running after ``train()``.
 
 ``step_timeout="auto"`` takes ``AUTO_FACTOR`` times the median time between beats, measured over the steps after the
 first ``AUTO_WARMUP`` beats, and never less than ``AUTO_FLOOR`` seconds. Saves and ``compute_metrics`` beat only at
@@ -51,7 +55,7 @@ AUTO_WARMUP = 10  #: beats left out of the median (compilation, caches, the firs
 AUTO_SAMPLES = 20  #: samples of the time between beats taken before the timeout is set ...
 AUTO_POLL = 0.25  #: ... one per this many seconds
 REPORT_WAIT = 5.0  #: how long a process waits for the others' reports
-GRACE_STUCK, GRACE_WAITING = 2.0, 10.0  #: how long a main thread may take to raise StepTimeout before os._exit
+GRACE_STUCK, GRACE_WAITING = 2.0, 10.0  #: how long training may take to raise StepTimeout before os._exit
 PREFIX = "trainwell/stall"
 RECORD_FILE = "step_timeout.jsonl"  #: in output_dir: one line per stop, read by the run report
 _LIBRARY_DIRS = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
@@ -59,7 +63,7 @@ _COLLECTIVES = frozenset(key for key, _ in _OPERATIONS if key != "prepare")
 
 
 class Heartbeat:
-    """The progress counter: ``beats`` only ever grows, written by the main thread alone."""
+    """The progress counter: ``beats`` only ever grows, written by the training thread alone."""
 
     def __init__(self) -> None:
         self.beats = 0
@@ -72,9 +76,10 @@ class StepTimeout(RuntimeError):
     """No progress for ``step_timeout`` seconds: the run stopped on every process (the message names the stuck one)."""
 
 
-def main_thread_report(rank: int, beats: int, global_step: int) -> dict[str, Any]:
-    """What the main thread is doing: its innermost own frame, trainwell's description, whether in a collective."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+def thread_report(thread: threading.Thread, rank: int, beats: int, global_step: int) -> dict[str, Any]:
+    """What the training ``thread`` is doing: its innermost own frame, trainwell's description, whether in a
+    collective."""
+    frame = sys._current_frames().get(thread.ident)
     names = _names_from_frame(frame) if frame is not None else []
     in_torch_distributed = frame is not None and any(
         "torch/distributed/" in f.f_code.co_filename.replace("\\", "/") for f, _ in traceback.walk_stack(frame))
@@ -83,7 +88,7 @@ def main_thread_report(rank: int, beats: int, global_step: int) -> dict[str, Any
 
 
 def doing(names: list[str], global_step: int) -> str:
-    """What a main thread stuck in trainwell's functions ``names`` (outermost first) was doing: a callback's event
+    """What a training thread stuck in trainwell's functions ``names`` (outermost first) was doing: a callback's event
     or reading the training data, where ``trainwell.backend.failures.describe`` names no collective or phase."""
     if "call_event" in names and names.index("call_event") > 0:
         return f"a callback's {names[names.index('call_event') - 1]} at step {global_step}"
@@ -141,13 +146,16 @@ class StallWatchdog(threading.Thread):
         self.message: str | None = None
         self._stopped = threading.Event()
         self._lock = threading.Lock()
-        self._main = threading.main_thread()
+        self._training = threading.current_thread()  # built by watch(), in the thread that runs train()
 
     def stop(self) -> None:
+        """End the watch and wait for the thread (at most the time its report exchange may take)."""
         with self._lock:
             self._stopped.set()
-            if self.message is not None:  # fired, but the main thread got out on its own: no exception left pending
-                _raise_in(self._main, None)
+            if self.message is not None:  # fired, but training got out on its own: no exception left pending
+                _raise_in(self._training, None)
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(REPORT_WAIT + 1.0)
 
     def run(self) -> None:
         beats, changed, intervals = HEART.beats, time.monotonic(), []
@@ -168,7 +176,7 @@ class StallWatchdog(threading.Thread):
     # ------------------------------------------------------------------------------------------- stopping the run
     def _fire(self, quiet: float) -> None:
         trainer = self.trainer
-        mine = main_thread_report(self.rank, HEART.beats, trainer.state.global_step)
+        mine = thread_report(self._training, self.rank, HEART.beats, trainer.state.global_step)
         reports = self._exchange(mine)
         stuck = self._agree(verdict(reports, self.world))
         message = _message(trainer, quiet, stuck, reports, self.world, self.newest_checkpoint)
@@ -183,10 +191,13 @@ class StallWatchdog(threading.Thread):
         logger.error(message)
         if trainer.is_world_process_zero():
             _record(trainer, quiet, stuck, reports)
-        _raise_in(self._main, StepTimeout)
+        with self._lock:  # not once stop() ran: the exception would reach whatever the thread does after train()
+            if self._stopped.is_set():
+                return
+            _raise_in(self._training, StepTimeout)
         grace = GRACE_STUCK if self.world > 1 and self.rank in stuck else GRACE_WAITING
         if not self._stopped.wait(grace):
-            os._exit(1)  # the main thread is blocked where no exception reaches it: the message is on stderr
+            os._exit(1)  # training is blocked where no exception reaches it: the message is on stderr
 
     def _exchange(self, mine: dict[str, Any]) -> dict[int, dict[str, Any]]:
         """Every process's report that arrives within ``REPORT_WAIT`` (this one's alone without a store)."""

@@ -27,7 +27,8 @@ def nonfinite_tensor(model: torch.nn.Module) -> str | None:
     named = []
     for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
         local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor: this process's shard
-        if local.is_floating_point() and local.numel() and local.device.type != "meta":
+        # float8 (one byte) has no aminmax kernel; such weights are frozen (fp8 training keeps wider master weights)
+        if local.is_floating_point() and local.element_size() > 1 and local.numel() and local.device.type != "meta":
             named.append((name, local.detach()))
     if not named:
         return None

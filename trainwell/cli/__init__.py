@@ -42,6 +42,19 @@ def no_cuda_message(flag: str) -> str:
             "GPU: check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device auto or cpu.")
 
 
+def interrupted_report(output_dir: str) -> None:
+    """Ctrl-C during training: the run's report so far (from its newest checkpoint and its live log), or the
+    command that writes it when it cannot be written now."""
+    from trainwell.report import write_report
+
+    try:
+        report = write_report(output_dir)
+    except (OSError, ValueError) as err:
+        print(f"the run report was not written ({err}); `trainwell report {output_dir}` writes it.")
+        return
+    print(f"the run report so far: {report.html}" + (f" ({report.note})" if report.note else ""))
+
+
 def compact_console(trainer: Any) -> None:
     """One short line per log on the console (``trainwell.events.progress.compact_log``) for a run the command
     line starts: its progress or printer callback is switched to ``compact``. Only the command line does this; a
@@ -94,4 +107,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-__all__ = ["CliError", "build_parser", "compact_console", "main", "no_cuda_message"]
+__all__ = ["CliError", "build_parser", "compact_console", "interrupted_report", "main", "no_cuda_message"]

@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from trainwell.cli import CliError, compact_console, no_cuda_message
+from trainwell.cli import CliError, compact_console, interrupted_report, no_cuda_message
 
 # ~2 minutes on a 2-core CPU for the "small" model (measured; see docs/cli.md, `trainwell demo`).
 DEFAULT_STEPS = 1000
@@ -121,7 +121,7 @@ def run(ns: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # enable_jit_checkpoint saved the step in progress first (unless Ctrl-C twice)
         _say_interrupted(ns, trainer.state.global_step, first_step)
         if not ns.no_report:
-            _interrupted_report(ns.output_dir)
+            interrupted_report(ns.output_dir)
         return 130
     trainer.save_model()
     trainer.save_state()
@@ -215,19 +215,6 @@ def _say_interrupted(ns: argparse.Namespace, step: int, first_step: int = 0) -> 
     # Before its first step a resumed session has not read the checkpoint's step yet (its state says 0).
     when = f"at step {step}" if step > first_step else "before this session's first step"
     print(f"\ninterrupted {when}. Run the same command again to resume {where}.")
-
-
-def _interrupted_report(output_dir: str) -> None:
-    """The report of an interrupted run (from its newest checkpoint and its live log), or the command that makes
-    it when it cannot be written now."""
-    from trainwell.report import write_report
-
-    try:
-        report = write_report(output_dir)
-    except (OSError, ValueError) as err:
-        print(f"the run report was not written ({err}); `trainwell report {output_dir}` writes it.")
-        return
-    print(f"the run report so far: {report.html}" + (f"  ({report.note})" if report.note else ""))
 
 
 def _finish(ns: argparse.Namespace, trainer: Any, result: Any, started: float, first_step: int) -> None:

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from trainwell.cli import CliError, compact_console
+from trainwell.cli import CliError, compact_console, interrupted_report
 
 USAGE = ("trainwell train CONFIG.yaml [--key value ...]\n"
          "       trainwell train --print-config [CONFIG.yaml [--key value ...]]")
@@ -175,13 +175,5 @@ def _interrupted(step: int, args: Any, report: bool) -> None:
     else:
         print(f"To resume from {newest}, run the same command with --resume_from_checkpoint auto (or set "
               "resume_from_checkpoint: auto in the config).")
-    if not (report and args.should_save):
-        return
-    from trainwell.report import write_report
-
-    try:
-        written = write_report(args.output_dir)
-    except (OSError, ValueError) as err:
-        print(f"the run report was not written ({err}); `trainwell report {args.output_dir}` writes it.")
-        return
-    print(f"the run report so far: {written.html}" + (f" ({written.note})" if written.note else ""))
+    if report and args.should_save:
+        interrupted_report(args.output_dir)

@@ -245,9 +245,9 @@ class NotebookProgressCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         first = self._first_column(args)
-        losses = [entry["loss"] for entry in state.log_history if "loss" in entry]
+        last_loss = next((entry["loss"] for entry in reversed(state.log_history) if "loss" in entry), "No log")
         values: dict[str, Any] = {first: int(state.epoch or 0) if first == "Epoch" else state.global_step,
-                                  "Training Loss": losses[-1] if losses else "No log", "Validation Loss": "No log"}
+                                  "Training Loss": last_loss, "Validation Loss": "No log"}
         values.update(_metric_columns(metrics or {}))
         if self.training_tracker is not None:
             self.training_tracker.write_line(values)

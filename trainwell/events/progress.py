@@ -70,9 +70,7 @@ def compact_log(logs: Mapping[str, Any], max_str_len: int | None = None) -> tupl
     its runtime and rates last). ``total_flos``, ``num_input_tokens_seen`` and a training log's clock
     (``train_runtime``) are left out; strings longer than ``max_str_len`` are replaced as in ``format_logs``.
     """
-    done = "train_loss" in logs or "train_samples_per_second" in logs
-    prefix = next((k[:-len("_runtime")] for k in logs if k.endswith("_runtime") and k != "train_runtime"), None)
-    kind = "done" if done else "eval" if prefix is not None else "train"
+    kind, prefix = _kind_of(logs)
     pairs, tail = [], []
     for key, value in format_logs(logs, max_str_len).items():
         value = logs[key] if isinstance(logs[key], float) else value  # the number, not format_logs' string
@@ -96,17 +94,13 @@ def compact_log(logs: Mapping[str, Any], max_str_len: int | None = None) -> tupl
     return kind, "  ".join(pairs + tail)
 
 
-def _is_training_log(logs: Mapping[str, Any]) -> bool:
-    """A training log (``loss``, ``learning_rate``...), not an evaluation's nor the end-of-``train()`` summary."""
-    return compact_log_kind(logs) == "train"
-
-
-def compact_log_kind(logs: Mapping[str, Any]) -> str:
-    """``"done"`` (the end-of-``train()`` summary), ``"eval"`` (an evaluation, found by its ``PREFIX_runtime``) or
-    ``"train"``."""
+def _kind_of(logs: Mapping[str, Any]) -> tuple[str, str | None]:
+    """``(kind, prefix)``: ``"done"`` (the end-of-``train()`` summary), ``"eval"`` (an evaluation, found by its
+    ``PREFIX_runtime``, with that prefix) or ``"train"`` (a training log: ``loss``, ``learning_rate``...)."""
+    prefix = next((k[:-len("_runtime")] for k in logs if k.endswith("_runtime") and k != "train_runtime"), None)
     if "train_loss" in logs or "train_samples_per_second" in logs:
-        return "done"
-    return "eval" if any(k.endswith("_runtime") and k != "train_runtime" for k in logs) else "train"
+        return "done", prefix
+    return ("eval" if prefix is not None else "train"), prefix
 
 
 def _compact_head(kind: str, state: TrainerState) -> str:
@@ -143,6 +137,18 @@ def _length(obj: Any) -> int | None:
         return len(obj)
     except (TypeError, NotImplementedError):
         return None
+
+
+def _say(line: str) -> None:
+    """Write one line to stdout, flushed, without ``print``.
+
+    Ray Train (V2) replaces ``print`` on its workers with one that logs each line to the root logger, whose
+    console handler shows it, and, because Ray wraps ``sys.stdout``, also writes it there: every line reached the
+    driver twice. A direct write reaches it once, wherever ``print`` was replaced.
+    """
+    stream = sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
 
 
 class StepPace:
@@ -279,6 +285,9 @@ class ProgressCallback(TrainerCallback):
         return bar
 
     def on_train_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        # an earlier train() that ended without on_train_end (it raised; rollback_on_spike trains again): its bar
+        # is closed and the log routing undone before this one's are made
+        self._close_training_bar()
         now = self._clock()
         self.current_step = state.global_step
         self.pace.start(now, state.global_step)
@@ -300,7 +309,7 @@ class ProgressCallback(TrainerCallback):
         elif self._plain and now - self._last_line >= self.plain_interval:
             self._last_line = now
             rate = self.pace.rate()
-            print(f"[{self._progress(state, rate)}] {_rate_text(rate)}".rstrip(), flush=True)
+            _say(f"[{self._progress(state, rate)}] {_rate_text(rate)}".rstrip())
         self.current_step = state.global_step
 
     def on_prediction_step(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -332,7 +341,7 @@ class ProgressCallback(TrainerCallback):
         else:
             kind, shown = "", str(format_logs(logs, self.max_str_len))
         if self.training_bar is not None:
-            if _is_training_log(logs):  # an evaluation's or the summary's keys would replace the loss shown
+            if _kind_of(logs)[0] == "train":  # an evaluation's or the summary's keys would replace the loss
                 self._update_postfix(logs)
             self.training_bar.write(f"{_compact_head(kind, state)}  {shown}" if kind else shown)
         else:
@@ -342,17 +351,20 @@ class ProgressCallback(TrainerCallback):
             has_speed = any(key.endswith("_per_second") for key in logs)
             speed = "" if has_speed or not rate else f" ({_rate_text(rate)})"
             marker = f"{kind}: " if kind in ("eval", "done") else ""
-            print(f"[{self._progress(state, rate)}] {marker}{shown}{speed}", flush=True)
+            _say(f"[{self._progress(state, rate)}] {marker}{shown}{speed}")
 
     def on_train_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._training = False
+        self._close_training_bar()
+        self._close_prediction_bar()
+
+    def _close_training_bar(self) -> None:
         if self._above_bar is not None:
             self._above_bar.uninstall()
             self._above_bar = None
         if self.training_bar is not None:
             self.training_bar.close()
             self.training_bar = None
-        self._close_prediction_bar()
 
     def _close_prediction_bar(self) -> None:
         if self.prediction_bar is not None:
@@ -404,6 +416,6 @@ class PrinterCallback(TrainerCallback):
             return
         if self.compact:
             kind, shown = compact_log(kwargs.get("logs") or {})
-            print(f"{_compact_head(kind, state)}  {shown}", flush=True)
+            _say(f"{_compact_head(kind, state)}  {shown}")
         else:
-            print(format_logs(kwargs.get("logs")), flush=True)
+            _say(str(format_logs(kwargs.get("logs"))))

@@ -28,9 +28,11 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+from trainwell.backend.stall import RECORD_FILE as STEP_TIMEOUT_RECORD
 from trainwell.checkpoint.adapters import saved_adapters
 from trainwell.checkpoint.layout import TMP_PREFIX
 from trainwell.checkpoint.lock import LOCK_NAME
+from trainwell.loop.live_log import LIVE_LOG_NAME
 from trainwell.outputs import PREFIX_CHECKPOINT_DIR, HubStrategy
 
 logger = logging.getLogger(__name__)
@@ -38,6 +40,9 @@ logger = logging.getLogger(__name__)
 # The reference's (never the checkpoints or private files), and a checkpoint still being written.
 IGNORE_PATTERNS = ["_*", f"{PREFIX_CHECKPOINT_DIR}-*", f"{TMP_PREFIX}*"]
 _STAGING = "_hub_staging"
+# trainwell's own files in output_dir, which the reference does not write: never pushed with the model
+_OWN_FILES = frozenset({LOCK_NAME, LIVE_LOG_NAME, STEP_TIMEOUT_RECORD})
+_IGNORED = [*IGNORE_PATTERNS, *sorted(_OWN_FILES)]  # what an upload of output_dir leaves out
 # A checkpoint's files that make up "the model" in output_dir (plus the shards an index names).
 MODEL_FILES = ("config.json", "generation_config.json", "pytorch_model.bin", "model.safetensors",
                "adapter_config.json", "adapter_model.bin", "adapter_model.safetensors")
@@ -178,7 +183,7 @@ class HubPusher:
                 if not with_folder:
                     _remove_stage(frozen)
             return self.upload_stage(self.stage(self.args.output_dir, skip_ignored=True), message,
-                                     ignore=IGNORE_PATTERNS)
+                                     ignore=_IGNORED)
 
         when_published(snapshot)
         jobs = [self.submit(push_model, checkpoint)]
@@ -221,7 +226,7 @@ def _remove_stage(stage: Path) -> None:
 
 
 def _ignored(name: str) -> bool:
-    return name == LOCK_NAME or name.startswith(("_", f"{PREFIX_CHECKPOINT_DIR}-", TMP_PREFIX))
+    return name in _OWN_FILES or name.startswith(("_", f"{PREFIX_CHECKPOINT_DIR}-", TMP_PREFIX))
 
 
 def _link_or_copy(source: str, target: Path) -> None:
@@ -266,7 +271,7 @@ def push_to_hub(trainer: Any, pusher: HubPusher | None, message: str | None, blo
     trainer.create_model_card(model_name=model_name, **card)
     trainer._finish_current_push()
     pusher = pusher if pusher is not None else HubPusher(args, trainer.hub_model_id)
-    upload = dict(token=token, revision=revision, ignore=IGNORE_PATTERNS)
+    upload = dict(token=token, revision=revision, ignore=_IGNORED)
     if blocking:
         return pusher.upload(args.output_dir, message, **upload)
     stage = pusher.stage(args.output_dir, skip_ignored=True)

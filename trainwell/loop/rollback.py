@@ -26,6 +26,7 @@ the spike and skip past it), not only the log window that showed it: a spike oft
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import statistics
@@ -77,15 +78,21 @@ class SpikeWatch:
     def check(self, state: TrainerState) -> None:
         """Raise :class:`Rollback` when the loss just logged (the last entry of ``state.log_history``) spiked."""
         history = state.log_history
-        current, earlier = history[-1], history[:-1]
-        loss = current["loss"]
-        before = [e for e in earlier if _loss(e) is not None or FIRST in e]
-        recent = [v for e in before[-RECENT:] if (v := _loss(e)) is not None and math.isfinite(v)]
+        loss = history[-1]["loss"]
+        # The last RECENT entries before it that hold a loss or a rollback record, newest first: read from the end,
+        # since log_history grows all run long (a whole scan per log is quadratic in the run's logs).
+        before: list[dict[str, Any]] = []
+        for entry in itertools.islice(reversed(history), 1, None):
+            if _loss(entry) is not None or FIRST in entry:
+                before.append(entry)
+                if len(before) == RECENT:
+                    break
+        recent = [v for e in before if (v := _loss(e)) is not None and math.isfinite(v)]
         median = statistics.median(recent) if len(recent) >= MIN_HISTORY else None
         spiked = not math.isfinite(loss) or (median is not None and median > 0 and loss > self.factor * median)
         if not spiked:
             return
-        good_step = before[-1]["step"] if before else 0
+        good_step = before[0]["step"] if before else 0
         raise Rollback(state.global_step, int(good_step), loss, median, len(rollbacks(history)))
 
 

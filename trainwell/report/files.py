@@ -1,4 +1,5 @@
-"""The report's files: the folder it writes into, and a safe, unique file name for each figure.
+"""The report's files: the folder it writes into, a safe, unique file name for each figure, and reading a run's
+files as hostile ones (:func:`open_regular`, :func:`read_regular_file`).
 
 A figure is named after its metric, and a metric name is whatever ``compute_metrics`` returned: ``acc/top1``
 would be a path, ``..`` a parent folder, a 10,000-character name longer than a file name may be. A name made
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,6 +25,42 @@ _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,79}")
 _HASHED = re.compile(r"-[0-9a-f]{8}")  # the tail of a hashed name: a plain name ending so is hashed too
 _UNSAFE_RUN = re.compile(r"[^A-Za-z0-9_.+-]+")
 _SLUG = 48
+_READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_CLOEXEC", 0))
+
+
+def _open_checked(path: str | os.PathLike[str]) -> int:
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as err:
+        raise ValueError(f"{path}: cannot open it ({err.strerror or err}); a symbolic link is not followed") from None
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        regular = False
+    if not regular:
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file")
+    return fd
+
+
+def open_regular(path: str | os.PathLike[str]) -> int | None:
+    """A read-only descriptor for ``path`` when it is a regular file reached without a symbolic link; None
+    otherwise (missing, a link, a folder, a FIFO: opening never blocks, a FIFO included)."""
+    try:
+        return _open_checked(path)
+    except ValueError:
+        return None
+
+
+def read_regular_file(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of ``path`` when it is a regular file reached without a link and at most ``limit`` bytes long;
+    ``ValueError`` saying why not otherwise."""
+    with os.fdopen(_open_checked(path), "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise ValueError(f"{path} is {size} bytes, more than the {limit} a trainer state may be")
+        return fh.read(limit + 1)[:limit]
 
 
 def file_stem(name: str) -> str:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainwell.report.files import open_regular
 from trainwell.report.sessions import entry_step, is_summary, number
 
 if TYPE_CHECKING:
@@ -64,14 +64,10 @@ def incidents(run: RunHistory) -> Incidents:
 
 def read_stops(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The ``step_timeout`` stops recorded in ``run_dir`` (see the module docstring)."""
-    path = Path(run_dir) / STOP_FILE
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return []  # none, or a link: nothing is followed out of the folder
+    fd = open_regular(Path(run_dir) / STOP_FILE)
+    if fd is None:
+        return []  # none, a link (nothing is followed out of the folder), a FIFO (never waited on)
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            return []
         text = fh.read(MAX_STOP_BYTES).decode("utf-8", errors="replace")
     stops = []
     for line in text.splitlines():

@@ -14,32 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from trainwell.loop.live_log import LIVE_LOG_NAME, LiveHistory, parse_lines, rebuild
+from trainwell.report.files import open_regular
 
 #: the most of a live log read at once; a longer one is read from its last MAX_BYTES (its start then unknown)
 MAX_BYTES = 256 << 20
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-def _open(path: Path) -> int | None:
-    """A descriptor for ``path`` when it is a regular file reached without a link; None otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return fd
-    except OSError:
-        pass
-    os.close(fd)
-    return None
 
 
 class LiveLogReader:
@@ -54,7 +36,7 @@ class LiveLogReader:
         self._offset = 0
 
     def poll(self) -> bool:
-        fd = _open(self.path)
+        fd = open_regular(self.path)
         if fd is None:
             changed = self.history is not None
             self.history, self._identity, self._offset, self.skipped = None, None, 0, 0

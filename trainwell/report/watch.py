@@ -32,6 +32,7 @@ from typing import Any
 
 from trainwell.loop.live_log import LIVE_LOG_NAME
 from trainwell.report.curves import auto_weight, downsample, smooth, spans_decade, values_of
+from trainwell.report.files import read_regular_file
 from trainwell.report.history import STATE_FILE, RunHistory, parse_state, run_from_state, summary
 from trainwell.report.live import LiveLogReader, merge_state
 from trainwell.report.plots import plot_groups
@@ -39,8 +40,6 @@ from trainwell.report.plots import plot_groups
 MAX_STATE_BYTES = 1 << 30
 _POINTS = 400  # buckets per curve sent to the page (curves.downsample keeps about twice as many points)
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _LINEAR_ONLY = frozenset({"learning_rate"})
 _LABELS = {"loss": "train loss", "eval_loss": "validation loss"}
 
@@ -51,22 +50,6 @@ def _regular(path: Path) -> os.stat_result | None:
     except OSError:
         return None
     return info if stat.S_ISREG(info.st_mode) else None
-
-
-def read_regular_file(path: Path, limit: int) -> bytes:
-    """The bytes of ``path`` when it is a regular file reached without a link and at most ``limit`` bytes long;
-    ``ValueError`` saying why not otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as err:
-        raise ValueError(f"{path}: cannot open it ({err.strerror or err}); a symbolic link is not followed") from None
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        if info.st_size > limit:
-            raise ValueError(f"{path} is {info.st_size} bytes, more than the {limit} a trainer state may be")
-        return fh.read(limit + 1)[:limit]
 
 
 class WatchedRun:
@@ -340,4 +323,4 @@ def watch_runs(paths: list[str], names: list[str], port: int = 0, interval: floa
     return server
 
 
-__all__ = ["MAX_STATE_BYTES", "WatchServer", "WatchedRun", "Watcher", "figures", "read_regular_file", "watch_runs"]
+__all__ = ["MAX_STATE_BYTES", "WatchServer", "WatchedRun", "Watcher", "figures", "watch_runs"]
