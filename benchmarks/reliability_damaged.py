@@ -12,7 +12,14 @@ with ``resume_from_checkpoint=<checkpoint-4>`` and once with ``resume_from_check
 5. ``global_step`` a string, a float, null, 1e300; ``log_history`` a string;
 6. a crafted ``pytorch_model_fsdp_0/.metadata`` or ``optimizer_0/.metadata`` (a pickle calling ``os.system`` to
    create a marker file), beside the normal files or instead of them (one process, no FSDP);
-7. an AdamW checkpoint resumed with ``optim="sgd"`` (nothing changed in the folder).
+7. an AdamW checkpoint resumed with ``optim="sgd"`` (nothing changed in the folder);
+10. a file that is not a regular file: ``optimizer.pt`` a link to ``/dev/zero``, ``rng_state.pth`` a FIFO,
+    ``trainer_state.json`` a link to a copy of it outside the folder;
+11. the manifest deleted after a byte of the weights was flipped (trainwell's checkpoints only say they have one);
+12. ``optimizer.pt`` edited (its manifest with it): a 0-dim ``exp_avg_sq``, a ``step`` of 3 values, ``exp_avg``
+    gone, ``lr`` a string;
+13. ``rng_state.pth``'s CPU state 10 bytes long, ``scheduler.pt``'s ``base_lrs`` one value too many;
+14. the weights stored as float16 (the model trains in float32).
 
 Then two runs on one ``output_dir`` (8: two processes started at the same instant, seeds 7 and 8, a checkpoint
 every step, ``--tries`` times; each checkpoint's weights and optimizer state are matched against solo runs of each
@@ -264,8 +271,9 @@ class Lab:
         for step, path in checkpoint_dirs(out):
             if step > DAMAGED:
                 shutil.rmtree(path)
-            elif not manifest:
+            elif not manifest:  # as the reference writes it: no manifest, no training_args.json
                 (path / MANIFEST).unlink(missing_ok=True)
+                (path / "training_args.json").unlink(missing_ok=True)
         return out
 
 
@@ -322,6 +330,55 @@ def _no_change(ckpt: Path, lab: Lab) -> None:
     pass
 
 
+def not_regular(name: str, kind: str):
+    def damage(ckpt: Path, lab: Lab) -> None:
+        path = ckpt / name
+        if kind == "outside":
+            shutil.copyfile(path, ckpt.parent.parent / f"outside-{name}")
+        path.unlink()
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            path.symlink_to("/dev/zero" if kind == "dev-zero" else ckpt.parent.parent / f"outside-{name}")
+
+    return damage
+
+
+def _reseal(ckpt: Path) -> None:
+    """An edit made together with the manifest (only for a checkpoint that has one: trainwell's)."""
+    if (ckpt / MANIFEST).exists():
+        from trainwell.checkpoint import manifest
+
+        manifest.write(ckpt, manifest.build(ckpt, []))
+
+
+def edit_file(name: str, change):
+    def damage(ckpt: Path, lab: Lab) -> None:
+        state = torch.load(ckpt / name, weights_only=False)
+        change(state)
+        torch.save(state, ckpt / name)
+        _reseal(ckpt)
+
+    return damage
+
+
+def flipped_without_manifest(ckpt: Path, lab: Lab) -> None:
+    flip_bytes(ckpt, lab)
+    (ckpt / MANIFEST).unlink(missing_ok=True)
+
+
+def half_weights(ckpt: Path, lab: Lab) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(ckpt / "model.safetensors")
+    save_file({k: v.half() for k, v in weights.items()}, ckpt / "model.safetensors", metadata={"format": "pt"})
+    _reseal(ckpt)
+
+
+def _first(state: dict) -> dict:
+    return state["state"][0]
+
+
 STATE = "4. trainer_state.json global_step"
 TYPES = "5. trainer_state.json field types"
 SHARDS = "6. crafted DCP .metadata"
@@ -335,6 +392,20 @@ CASES = [  # (group, case, damage, overrides)
     *[(SHARDS, f"{folder}/ {where}", plant(folder, keep), {}) for folder in ("pytorch_model_fsdp_0", "optimizer_0")
       for keep, where in ((True, "beside the normal files"), (False, "instead of them"))],
     ("7. AdamW checkpoint, optim='sgd'", "nothing changed", _no_change, {"optim": "sgd"}),
+    *[("10. not a regular file", f"{name} {words}", not_regular(name, kind), {}) for name, kind, words in (
+        ("optimizer.pt", "dev-zero", "a link to /dev/zero"), ("rng_state.pth", "fifo", "a FIFO"),
+        ("trainer_state.json", "outside", "a link out of the folder"))],
+    ("11. manifest deleted", "weights flipped, then the manifest deleted", flipped_without_manifest, {}),
+    *[("12. optimizer.pt values", case, edit_file("optimizer.pt", change), {}) for case, change in (
+        ("0-dim exp_avg_sq", lambda s: _first(s).update(exp_avg_sq=torch.tensor(1.0))),
+        ("step of 3 values", lambda s: _first(s).update(step=torch.ones(3))),
+        ("exp_avg gone", lambda s: _first(s).pop("exp_avg")),
+        ("lr a string", lambda s: s["param_groups"][0].update(lr="fast")))],
+    ("13. RNG and scheduler values", "rng_state.pth cpu 10 bytes",
+     edit_file("rng_state.pth", lambda s: s.update(cpu=torch.zeros(10, dtype=torch.uint8))), {}),
+    ("13. RNG and scheduler values", "scheduler.pt base_lrs too long",
+     edit_file("scheduler.pt", lambda s: s.update(base_lrs=[*s["base_lrs"], 0.5])), {}),
+    ("14. weights of another dtype", "model.safetensors as float16", half_weights, {}),
 ]
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.common.hostile import Payload
+from tests.common.hostile import Payload, as_reference
 from tests.common.models import RegressionDataset, RegressionModel
 from tests.conftest import make_args
 
@@ -195,7 +195,7 @@ def test_a_crafted_pickle_in_a_checkpoint_does_not_run(run_dir, tmp_path, name):
     marker = tmp_path / "code-ran"
     target = run_dir / "checkpoint-4" / name
     _craft(target, marker, name)
-    (run_dir / "checkpoint-4" / "checkpoint_manifest.json").unlink()
+    as_reference(run_dir / "checkpoint-4")
 
     # the file is live: an unrestricted load would run its code (so this test can fail)
     probe = tmp_path / "probe-ran"
@@ -214,7 +214,7 @@ def test_crafted_legacy_weights_do_not_run(run_dir, tmp_path):
     marker = tmp_path / "code-ran"
     folder = run_dir / "checkpoint-4"
     (folder / "model.safetensors").unlink()
-    (folder / "checkpoint_manifest.json").unlink()  # a reference checkpoint: it has none
+    as_reference(folder)  # a reference checkpoint: it has no manifest
     torch.save({"a": torch.tensor(1.0), "b": Payload(marker)}, folder / "pytorch_model.bin")
     with pytest.raises(pickle.UnpicklingError, match="pytorch_model.bin"):
         _trainer(str(run_dir)).train(resume_from_checkpoint=str(folder))

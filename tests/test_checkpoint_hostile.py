@@ -14,23 +14,26 @@ Each file kind a resume can read has a crafted twin here (or in test_checkpoint_
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib.util
 import io
+import os
 import pickle
 import re
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.common.hostile import Payload
+from tests.common.hostile import Payload, as_reference, reseal
 from tests.common.models import RegressionDataset, RegressionModel
 from tests.conftest import ROOT, make_args
+from trainwell import Trainer, TrainerCallback
 
 
 def _trainer(out_dir, **kwargs):
-    from trainwell import Trainer
 
     kwargs = {"per_device_train_batch_size": 4, "learning_rate": 0.1, "max_steps": 4, "save_strategy": "steps",
               "save_steps": 1, **kwargs}
@@ -66,7 +69,7 @@ def test_a_crafted_dcp_metadata_does_not_run_on_resume(run_dir, tmp_path, folder
     (checkpoint / folder / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
     if beside == "alone":  # the sharded form stands in for the file it replaces
         (checkpoint / ("optimizer.pt" if folder == "optimizer_0" else "model.safetensors")).unlink()
-        (checkpoint / "checkpoint_manifest.json").unlink()  # which would miss model.safetensors
+        reseal(checkpoint)  # as the sharded form's checkpoint lists it, without model.safetensors
     resume = True if how == "true" else str(checkpoint)
     with pytest.raises(pickle.UnpicklingError) as err:
         _trainer(str(run_dir), max_steps=5).train(resume_from_checkpoint=resume)
@@ -179,7 +182,7 @@ def test_deepspeed_files_load_weights_only(tmp_path):
 # ------------------------------------------------------------------------------------------------- the package
 _ALLOWED_LOADERS = {
     # file: the loads it may make, each of which reads weights_only or through a restricted unpickler
-    "trainwell/checkpoint/io.py": ["torch.load(path, map_location=map_location, weights_only=True)"],
+    "trainwell/checkpoint/io.py": ["torch.load(fh, map_location=map_location, weights_only=True)"],
     "trainwell/backend/sharded.py": ["torch.load(value, weights_only=True)", "dcp.load(state, storage_reader="],
     "trainwell/backend/deepspeed.py": ["engine.load_checkpoint(directory, load_module_strict", "engine.load_checkpoint("
                                        "directory, load_optimizer_states=False"],
@@ -204,21 +207,33 @@ def test_no_loader_in_the_package_can_unpickle_code():
     assert "unpickler" in Path(ROOT, "trainwell/backend/sharded.py").read_text().lower()
 
 
+def _record_opens(monkeypatch, folder, record):
+    """Call ``record(path)`` for each file under the checkpoint ``folder`` opened through ``open`` or ``os.open``
+    (trainwell's readers open a descriptor first, to refuse links and FIFOs)."""
+    real_open, real_os_open = builtins.open, os.open
+
+    def recording_open(file, *args, **kwargs):
+        if isinstance(file, (str, Path)) and str(folder) in str(file) and not os.path.isdir(file):
+            record(file)
+        return real_open(file, *args, **kwargs)
+
+    def recording_os_open(file, *args, **kwargs):
+        if isinstance(file, (str, Path)) and str(folder) in str(file) and not os.path.isdir(file):
+            record(file)
+        return real_os_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", recording_open)
+    monkeypatch.setattr(io, "open", recording_open)
+    monkeypatch.setattr(os, "open", recording_os_open)
+
+
 def test_every_file_a_resume_opens_has_a_hostile_test(run_dir, monkeypatch):
     """A resume opens these files and no others; each has a crafted twin in these tests."""
     # model.safetensors: its header is read to check the length; the format holds a JSON header and raw bytes
     covered = {"trainer_state.json", "training_args.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
                "model.safetensors", "checkpoint_manifest.json"}
     opened: list[str] = []
-    real_open = builtins.open
-
-    def recording_open(file, *args, **kwargs):
-        if isinstance(file, (str, Path)) and str(run_dir) in str(file):
-            opened.append(Path(file).name)
-        return real_open(file, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "open", recording_open)
-    monkeypatch.setattr(io, "open", recording_open)
+    _record_opens(monkeypatch, run_dir / "checkpoint-4", lambda file: opened.append(Path(file).name))
     trainer = _trainer(str(run_dir), max_steps=5, save_strategy="no")
     trainer.train(resume_from_checkpoint=str(run_dir / "checkpoint-4"))
     assert set(opened) <= covered, sorted(set(opened) - covered)
@@ -268,7 +283,7 @@ def test_a_crafted_adapter_bin_does_not_run_on_resume(peft_dir, tmp_path, where,
 
     folder = peft_dir / "checkpoint-2" if where == "." else peft_dir / "checkpoint-2" / where
     (folder / "adapter_model.safetensors").unlink()
-    (peft_dir / "checkpoint-2" / "checkpoint_manifest.json").unlink()  # as the reference writes it: the loader guards
+    as_reference(peft_dir / "checkpoint-2")  # as the reference writes it: the loader guards
     torch.save({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": Payload(marker)},
                folder / "adapter_model.bin")
     resume = True if how == "true" else str(peft_dir / "checkpoint-2")
@@ -282,7 +297,7 @@ def test_a_crafted_adapter_bin_does_not_run_on_resume(peft_dir, tmp_path, where,
 def test_an_adapter_bin_that_is_not_a_dict_of_tensors_is_refused(peft_dir):
     folder = peft_dir / "checkpoint-2"
     (folder / "adapter_model.safetensors").unlink()
-    (folder / "checkpoint_manifest.json").unlink()  # as the reference writes it: the loader guards
+    as_reference(folder)  # as the reference writes it: the loader guards
     torch.save([torch.ones(2)], folder / "adapter_model.bin")  # loads weights-only, but is no adapter
     with pytest.raises(ValueError, match=r"adapter_model.bin does not hold a dict of tensors \(found list\)"):
         _peft_trainer(str(peft_dir), max_steps=3).train(resume_from_checkpoint=str(folder))
@@ -294,7 +309,7 @@ def test_a_truncated_adapter_file_is_named_and_skipped(peft_dir, where, caplog):
     from safetensors.torch import load_file
 
     folder = peft_dir / "checkpoint-2"
-    (folder / "checkpoint_manifest.json").unlink()  # as the reference writes it: the loader guards
+    as_reference(folder)  # as the reference writes it: the loader guards
     if where.endswith(".bin"):
         weights = load_file(str(folder / "second" / "adapter_model.safetensors"))
         (folder / "second" / "adapter_model.safetensors").unlink()
@@ -316,16 +331,237 @@ def test_every_file_a_peft_resume_opens_has_a_hostile_test(peft_dir, monkeypatch
     covered = {"trainer_state.json", "training_args.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
                "adapter_model.safetensors", "checkpoint_manifest.json", "README.md", "adapter_config.json"}
     opened: list[str] = []
-    real_open = builtins.open
-
-    def recording_open(file, *args, **kwargs):
-        if isinstance(file, (str, Path)) and str(peft_dir) in str(file):
-            opened.append(Path(file).relative_to(peft_dir / "checkpoint-2").as_posix())
-        return real_open(file, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "open", recording_open)
-    monkeypatch.setattr(io, "open", recording_open)
+    _record_opens(monkeypatch, peft_dir / "checkpoint-2", lambda file: opened.append(
+        Path(file).relative_to(peft_dir / "checkpoint-2").as_posix()))
     _peft_trainer(str(peft_dir), max_steps=3, save_strategy="no").train(resume_from_checkpoint=str(peft_dir /
                                                                                                  "checkpoint-2"))
     assert {Path(name).name for name in opened} <= covered, sorted(opened)
     assert {"adapter_model.safetensors", "second/adapter_model.safetensors", "optimizer.pt"} <= set(opened)
+
+
+# ------------------------------------------------------------------------------------------------- not regular files
+@contextlib.contextmanager
+def _within(seconds: int):
+    """Fail instead of hanging: a resume that blocks on a FIFO or reads /dev/zero without end is interrupted."""
+    def hung(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: a read that never ends")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _plant(path: Path, kind: str, outside: Path) -> str:
+    """Replace ``path`` with a link to /dev/zero, a FIFO, or a link to a copy of it outside the folder; returns how
+    the error names what it found."""
+    if kind == "outside":
+        shutil.copy(path, outside)
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "is a FIFO"
+    path.symlink_to("/dev/zero" if kind == "dev-zero" else outside)
+    return "is a symbolic link"
+
+
+def _resumed_at(out_dir, resume, **kwargs) -> int:
+    """The step a run resumed ``resume`` at (its state when training begins); it saves nothing, so the checkpoints
+    stay as they are for the next resume."""
+    started: list[int] = []
+
+    class Start(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            started.append(state.global_step)
+
+    trainer = _trainer(str(out_dir), max_steps=5, **{"save_strategy": "no", **kwargs})
+    trainer.add_callback(Start())
+    trainer.train(resume_from_checkpoint=resume)
+    return started[0]
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "outside"])
+@pytest.mark.parametrize("name", ["optimizer.pt", "rng_state.pth", "trainer_state.json", "model.safetensors"])
+def test_a_checkpoint_file_that_is_not_a_regular_file_never_hangs_resume(run_dir, tmp_path, caplog, kind, name):
+    """A link (to /dev/zero, or out of the folder) or a FIFO where a checkpoint file belongs is named, never opened:
+    a named checkpoint is an error, resume_from_checkpoint=True falls back to the one before it."""
+    folder = run_dir / "checkpoint-4"
+    found = _plant(folder / name, kind, tmp_path / "outside")
+    with _within(120):
+        with pytest.raises(ValueError) as err:
+            _trainer(str(run_dir), max_steps=5).train(resume_from_checkpoint=str(folder))
+        assert f"Can't resume from {folder}: {name} {found}" in str(err.value)
+        assert _resumed_at(run_dir, True) == 3
+    assert f"Skipping damaged checkpoint {folder}: {name} {found}" in caplog.text
+    if kind == "outside":
+        assert (tmp_path / "outside").stat().st_size > 0  # what the link points to is untouched
+
+
+@pytest.mark.parametrize("kind", ["folder", "file", "dangling"])
+def test_a_link_at_a_saves_temporary_name_is_removed_never_followed(tmp_path, caplog, kind):
+    """``.tmp-checkpoint-N`` is where a save writes before it publishes: a link planted there (before the run, or
+    while it trains) is removed as a link, and what it points to is untouched."""
+    out, target = tmp_path / "out", tmp_path / "precious"
+    out.mkdir()
+    if kind == "folder":
+        target.mkdir()
+        (target / "keep.txt").write_text("keep")
+    elif kind == "file":
+        target.write_text("keep")
+    (out / ".tmp-checkpoint-1").symlink_to(target)
+
+    class PlantAgain(TrainerCallback):  # the next save's temporary name, planted while training runs
+        def on_step_end(self, args, state, control, **kwargs):
+            link = out / f".tmp-checkpoint-{state.global_step}"
+            if state.global_step == 3 and not os.path.lexists(link):
+                link.symlink_to(target)
+
+    trainer = _trainer(str(out), max_steps=3)
+    trainer.add_callback(PlantAgain())
+    trainer.train()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-")) == [
+        "checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    assert not any(p.name.startswith(".tmp-") for p in out.iterdir())
+    if kind == "folder":
+        assert sorted(os.listdir(target)) == ["keep.txt"] and (target / "keep.txt").read_text() == "keep"
+    elif kind == "file":
+        assert target.read_text() == "keep"
+    assert f"Removing {out / '.tmp-checkpoint-3'}, a symbolic link where trainwell writes" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------------- the manifest
+def test_a_checkpoint_that_lost_its_manifest_is_refused_or_passed_over(run_dir, caplog):
+    """Deleting the manifest used to turn every check off: flipped weight bytes resumed again. A checkpoint trainwell
+    wrote (its training_args.json says so) without its manifest is refused by name; True falls back past it;
+    verify_checkpoint_checksums=False resumes it with a warning; the reference's checkpoints (no manifest, no
+    training_args.json) still resume."""
+    folder = run_dir / "checkpoint-4"
+    weights = bytearray((folder / "model.safetensors").read_bytes())
+    weights[-1] ^= 0xFF  # a flipped byte in the weights, which only the manifest could tell
+    (folder / "model.safetensors").write_bytes(bytes(weights))
+    (folder / "checkpoint_manifest.json").unlink()
+    with pytest.raises(ValueError, match=r"checkpoint-4: checkpoint_manifest.json is missing, though every checkpoint "
+                                         r"trainwell writes holds one .* verify_checkpoint_checksums=False"):
+        _trainer(str(run_dir), max_steps=5).train(resume_from_checkpoint=str(folder))
+    assert _resumed_at(run_dir, True) == 3
+    assert f"Skipping damaged checkpoint {folder}: checkpoint_manifest.json is missing" in caplog.text
+    assert _resumed_at(run_dir, str(folder), verify_checkpoint_checksums=False) == 4
+    assert f"{folder} has no checkpoint_manifest.json (verify_checkpoint_checksums=False)" in caplog.text
+    as_reference(folder)
+    assert _resumed_at(run_dir, True) == 4  # unchecked, as the reference's checkpoints are
+
+
+@pytest.mark.parametrize("content", ["[" * 200_000 + "]" * 200_000, '{"files": ' * 100_000 + "1" + "}" * 100_000],
+                         ids=["list", "object"])
+def test_a_manifest_nested_200000_deep_is_named(run_dir, caplog, content):
+    folder = run_dir / "checkpoint-4"
+    (folder / "checkpoint_manifest.json").write_text(content)
+    with pytest.raises(ValueError, match=r"checkpoint-4: checkpoint_manifest.json is damaged \(is nested too deeply"):
+        _trainer(str(run_dir), max_steps=5).train(resume_from_checkpoint=str(folder))
+    assert _resumed_at(run_dir, True) == 3
+    assert f"Skipping damaged checkpoint {folder}: checkpoint_manifest.json is damaged" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------------- what the files hold
+def _mlp_trainer(out_dir, **kwargs):
+    from tests.common.models import ClassificationDataset, DropoutMLP
+
+    kwargs = {"per_device_train_batch_size": 8, "max_steps": 4, "save_strategy": "steps", "save_steps": 4, **kwargs}
+    return Trainer(model=DropoutMLP(), args=make_args(out_dir, **kwargs), train_dataset=ClassificationDataset())
+
+
+@pytest.fixture(scope="module")
+def finished_mlp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hostile-mlp") / "out"
+    _mlp_trainer(str(out)).train()
+    return out
+
+
+@pytest.fixture
+def mlp_checkpoint(finished_mlp_run, tmp_path):
+    shutil.copytree(finished_mlp_run, tmp_path / "run")
+    return tmp_path / "run" / "checkpoint-4"
+
+
+def _edit(folder: Path, name: str, change) -> Path:
+    """Load ``name`` of ``folder``, let ``change`` edit (or replace) it, save it and reseal the manifest (an edit made
+    with the manifest: only the checks behind it can tell)."""
+    path = folder / name
+    state = torch.load(path, weights_only=False)
+    changed = change(state)
+    torch.save(state if changed is None else changed, path)
+    reseal(folder)
+    return path
+
+
+def _first_state(state):
+    return state["state"][0]  # net.0.weight, a (16, 8) matrix
+
+
+_OPTIMIZER_EDITS = {
+    "0-dim exp_avg_sq": (lambda s: _first_state(s).update(exp_avg_sq=torch.tensor(1.0)), r"exp_avg_sq of shape \(\)"),
+    "step of 3 values": (lambda s: _first_state(s).update(step=torch.ones(3)), r"step of shape \(3,\)"),
+    "step not finite": (lambda s: _first_state(s).update(step=torch.tensor(float("nan"))), r"step=nan"),
+    "step negative": (lambda s: _first_state(s).update(step=-2), r"step=-2"),
+    "no exp_avg": (lambda s: _first_state(s).__delitem__("exp_avg"), r"no exp_avg \(which AdamW reads\)"),
+    "lr a string": (lambda s: s["param_groups"][0].update(lr="fast"), r"lr='fast' where a number is kept"),
+    "betas short": (lambda s: s["param_groups"][0].update(betas=(0.9,)), r"betas=\(0.9,\) where 2 numbers are kept"),
+    "not a state": (lambda s: [1, 2, 3], r"is not an optimizer state: it needs a 'state' dictionary"),
+    "params not numbers": (lambda s: s["param_groups"][0].update(params=["a"]),
+                           r"group 0's 'params' is not a list of parameter numbers"),
+}
+
+
+@pytest.mark.parametrize("case", list(_OPTIMIZER_EDITS))
+def test_a_damaged_optimizer_state_is_named_before_any_kernel_sees_it(mlp_checkpoint, case):
+    """Shapes (a 0-dim ``exp_avg_sq`` would overrun the fused kernel), ``step``, the entries AdamW reads, the groups'
+    settings and the structure are checked before anything is loaded; the error names the file."""
+    change, expected = _OPTIMIZER_EDITS[case]
+    path = _edit(mlp_checkpoint, "optimizer.pt", change)
+    with pytest.raises(ValueError, match=re.escape(str(path)) + r" .*" + expected):
+        _mlp_trainer(str(mlp_checkpoint.parent), max_steps=6).train(resume_from_checkpoint=str(mlp_checkpoint))
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda s: s.update(cpu=torch.zeros(10, dtype=torch.uint8)), r"'cpu' is Tensor of 10 uint8, not torch's CPU"),
+    (lambda s: s.update(python=(3, (1, 2), None)), r"'python' is \(3, \(1, 2\), None\), not python's random state"),
+    (lambda s: s.update(numpy=("MT19937", [0] * 10, 0, 0, 0.0)), r"'numpy' is .*, not numpy's MT19937 state"),
+    (lambda s: ["not", "a", "dict"], r"rng_state.pth holds a list, not the dictionary of RNG states"),
+], ids=["cpu", "python", "numpy", "list"])
+def test_a_bad_rng_state_is_named_before_any_generator_is_set(mlp_checkpoint, change, expected):
+    _edit(mlp_checkpoint, "rng_state.pth", change)
+    before = torch.get_rng_state()
+    with pytest.raises(ValueError, match=re.escape(str(mlp_checkpoint)) + r".*" + expected):
+        _mlp_trainer(str(mlp_checkpoint.parent), max_steps=6).train(resume_from_checkpoint=str(mlp_checkpoint))
+    assert torch.get_rng_state().numel() == before.numel()
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda s: s.update(last_epoch="four"), r"last_epoch='four' where a int is kept"),
+    (lambda s: s.update(base_lrs=[0.1, 0.2, 0.3]), r"base_lrs=\[0.1, 0.2, 0.3\] where 2 numbers are kept"),
+    (lambda s: s.update(_last_lr=[float("nan")] * 2), r"_last_lr=\[nan, nan\] where 2 numbers are kept"),
+    (lambda s: s.update(last_epoch=-7), r"last_epoch=-7 \(a step count: -1 or more\)"),
+    (lambda s: 12, r"it holds a int, not a scheduler's state dictionary"),
+], ids=["epoch-text", "lrs-length", "lr-nan", "epoch-negative", "not-a-dict"])
+def test_a_bad_scheduler_state_is_named(mlp_checkpoint, change, expected):
+    path = _edit(mlp_checkpoint, "scheduler.pt", change)
+    with pytest.raises(ValueError, match=re.escape(str(path)) + r" does not fit this run's learning-rate schedule: "
+                                          + expected):
+        _mlp_trainer(str(mlp_checkpoint.parent), max_steps=6).train(resume_from_checkpoint=str(mlp_checkpoint))
+
+
+def test_weights_of_another_dtype_are_cast_with_a_warning_naming_them(mlp_checkpoint, caplog):
+    """The reference casts them silently; trainwell casts them too, and says which file held which dtype."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(mlp_checkpoint / "model.safetensors")
+    save_file({k: v.half() for k, v in weights.items()}, mlp_checkpoint / "model.safetensors")
+    reseal(mlp_checkpoint)
+    trainer = _mlp_trainer(str(mlp_checkpoint.parent), max_steps=6, save_strategy="no")
+    trainer.train(resume_from_checkpoint=str(mlp_checkpoint))
+    assert f"The weights in {mlp_checkpoint} hold float16 where the model has float32 (net.0.bias, net.0.weight, " \
+           "net.3.bias and 1 more): they are cast to float32" in caplog.text
+    assert trainer.model.net[0].weight.dtype == torch.float32

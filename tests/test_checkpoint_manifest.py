@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.common.hostile import as_reference
 from tests.common.models import RegressionDataset, RegressionModel
 from tests.conftest import make_args
 from trainwell.checkpoint import manifest
@@ -151,7 +152,7 @@ def test_a_listed_file_that_is_gone_is_named(run_dir):
 
 def test_checkpoints_without_a_manifest_and_added_files_still_resume(run_dir):
     """The reference writes no manifest; a callback may add files in on_save: neither is checked."""
-    (run_dir / "checkpoint-4" / manifest.MANIFEST_NAME).unlink()
+    as_reference(run_dir / "checkpoint-4")
     (run_dir / "checkpoint-3" / "notes.txt").write_text("added by a callback")
     started: list[int] = []
     _trainer(str(run_dir), record=started, max_steps=5).train(resume_from_checkpoint=True)
@@ -264,3 +265,48 @@ def test_a_failed_large_write_raises_and_leaves_no_hashing_thread(tmp_path, monk
     with pytest.raises(OSError, match="No space left"):
         filehash.HashingFile(FullDisk()).write(b"z" * 64)
     assert not [t for t in threading.enumerate() if t.name == "trainwell-hash"]
+
+
+# ------------------------------------------------------------------------------------------------ weights re-sharded
+def _reshard(folder: Path) -> list[str]:
+    """Store ``model.safetensors`` again as one shard per tensor with an index, as the reference's own resume tests
+    convert a checkpoint (``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    shards = [f"model-{i + 1:05d}-of-{len(weights):05d}.safetensors" for i in range(len(weights))]
+    index = {"metadata": {}, "weight_map": dict(zip(weights, shards))}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    for (name, tensor), shard in zip(weights.items(), shards):
+        save_file({name: tensor}, folder / shard)
+    return shards
+
+
+@pytest.mark.parametrize("how", ["named", "true"])
+def test_weights_resharded_after_saving_resume_with_a_warning(run_dir, tmp_path, caplog, how):
+    """Complete, loadable weights in another form the loader accepts are not damage: the run resumes from them
+    (exactly: the same weights), and a warning says the manifest no longer covers them."""
+    folder = run_dir / "checkpoint-3"
+    for newer in ("checkpoint-4",):
+        shutil.rmtree(run_dir / newer)
+    shards = _reshard(folder)
+    started: list[int] = []
+    resumed = _trainer(str(run_dir), record=started)
+    with caplog.at_level(logging.WARNING):
+        resumed.train(resume_from_checkpoint=str(folder) if how == "named" else True)
+    assert started == [3]
+    assert f"{folder}: the manifest lists model.safetensors, now replaced by model.safetensors.index.json and its " \
+           f"{len(shards)} shards" in caplog.text and "no longer covers them" in caplog.text
+    assert "Skipping" not in caplog.text
+    full = _trainer(str(tmp_path / "full"))
+    full.train()
+    assert torch.equal(resumed.model.a, full.model.a) and torch.equal(resumed.model.b, full.model.b)
+
+
+def test_resharded_weights_that_are_incomplete_are_still_refused(run_dir):
+    folder = run_dir / "checkpoint-4"
+    shards = _reshard(folder)
+    (folder / shards[-1]).unlink()
+    with pytest.raises(ValueError, match="model.safetensors is missing"):
+        _trainer(str(run_dir)).train(resume_from_checkpoint=str(folder))

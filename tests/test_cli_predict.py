@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
 import sys
 
@@ -191,6 +192,109 @@ def test_transformers_models_from_a_config_predict_too(tmp_path, capsys):
     # a prompt longer than the 16 positions: the model sees its last 16 tokens
     code, out, err = run_cli(capsys, "predict", lm, " ".join(POSITIVE), "--max-new-tokens", 3, "--format", "jsonl")
     assert code == 0 and json.loads(out)["text"] == " ".join(POSITIVE), err
+
+
+# --- a hostile run folder --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    ({"max_length": "long"}, "task.max_length='long': pass a whole number of tokens"),
+    ({"max_length": -5}, "task.max_length=-5: pass a whole number of tokens"),
+    ({"text_column": 3}, "task.text_column=3: name a column"),
+    ({"labels": 5}, "needs its 'labels' (in id order: a list of names or numbers), not 5"),
+    ({"labels": [["nested"]]}, "needs its 'labels'"),
+    ({"pad_token_id": "x"}, "pad_token_id='x' is not a token id"),
+    ({"model": {"builtin": "embedding-bag", "kwargs": ["dim", 16]}}, "model.kwargs=['dim', 16] is not a mapping"),
+    ({"model": {"builtin": "embedding-bag", "kwargs": {"bogus": 1}}}, "has no parameter 'bogus'"),
+    ({"model": {"builtin": "embedding-bag", "kwargs": {"vocab_size": 10**12, "num_labels": 2, "dim": 16}}},
+     "in that model. The folder's files do not belong together"),
+    ({"model": {"builtin": "embedding-bag", "kwargs": {"vocab_size": "x", "num_labels": 2}}},
+     "the embedding-bag model cannot be built from"),
+], ids=["length-text", "length-negative", "column", "labels", "labels-nested", "pad", "kwargs-list", "kwargs-key",
+        "kwargs-huge", "kwargs-kind"])
+def test_hostile_task_json_values_are_named(runs, capsys, tmp_path, edit, expected):
+    """Every value ``task.json`` holds is checked before it builds anything: a crafted size is a mismatch with the
+    weights (the model is built on the meta device first), never an allocation; one line, no traceback."""
+    _, classifier, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(classifier, run)
+    task = json.loads((run / "task.json").read_text())
+    (run / "task.json").write_text(json.dumps({**task, **edit}))
+    line = _error(capsys, run, "x")
+    assert str(run / "task.json") in line and expected in line, line
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "huge"])
+def test_a_task_json_that_is_not_a_small_regular_file_is_named(runs, capsys, tmp_path, kind):
+    _, classifier, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(classifier, run)
+    task = run / "task.json"
+    if kind == "link":
+        (tmp_path / "outside.json").write_text(task.read_text())
+        task.unlink()
+        task.symlink_to(tmp_path / "outside.json")
+    elif kind == "fifo":
+        task.unlink()
+        os.mkfifo(task)
+    else:
+        task.write_text(json.dumps({**json.loads(task.read_text()), "padding": "x" * (17 << 20)}))
+    with pytest.raises(CliError) as err:
+        load_trained(run)
+    assert str(task) in str(err.value) and {"link": "is a symbolic link", "fifo": "is a FIFO",
+                                            "huge": "is larger than"}[kind] in str(err.value)
+
+
+def _remote_code_run(runs, tmp_path):
+    """The classifier's run with a transformers config naming code of its own (auto_map): importing that code would
+    leave a marker file."""
+    pytest.importorskip("transformers")
+    _, classifier, _ = runs
+    run, marker = tmp_path / "remote", tmp_path / "code-ran"
+    shutil.copytree(classifier, run)
+    task = json.loads((run / "task.json").read_text())
+    (run / "task.json").write_text(json.dumps({**task, "model": {"config": "bert.json"}}))
+    (run / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": {
+        "AutoConfig": "configuration_evil.EvilConfig", "AutoModelForSequenceClassification": "modeling_evil.Evil"}}))
+    for name in ("configuration_evil.py", "modeling_evil.py"):
+        (run / name).write_text(f"open({str(marker)!r}, 'w').close()\n")
+    return run, marker
+
+
+def test_code_in_a_run_folder_never_runs_without_trust_remote_code(runs, capsys, tmp_path, monkeypatch):
+    """transformers is told trust_remote_code=False outright: it raises instead of asking on stdin (where a "y"
+    would run the folder's code); the error says how to trust it."""
+    run, marker = _remote_code_run(runs, tmp_path)
+
+    class NoInput(io.StringIO):
+        def readline(self, *args):
+            raise AssertionError("stdin was read: transformers asked whether to run the folder's code")
+
+        read = readline
+
+    monkeypatch.setattr(sys, "stdin", NoInput())
+    monkeypatch.setattr("builtins.input", NoInput().readline)
+    line = _error(capsys, run, "x")
+    assert "names code of its own (auto_map)" in line and "--trust-remote-code" in line, line
+    assert not marker.exists()
+
+
+def test_trust_remote_code_is_handed_to_transformers_when_given(runs, capsys, tmp_path, monkeypatch):
+    import transformers
+
+    run, _ = _remote_code_run(runs, tmp_path)
+    seen = {}
+
+    def recording(path, **kwargs):
+        seen.update(kwargs)
+        raise OSError("stopped here")
+
+    monkeypatch.setattr(transformers.AutoModelForSequenceClassification, "from_pretrained", recording)
+    _error(capsys, run, "x", "--trust-remote-code")
+    assert seen["trust_remote_code"] is True and seen["local_files_only"] is True
+    with pytest.raises(CliError, match="stopped here"):
+        load_trained(run)
+    assert seen["trust_remote_code"] is False  # said outright, never left for transformers to ask
 
 
 def test_sampling_suggested_by_task_json_applies_unless_given():

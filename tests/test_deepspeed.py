@@ -141,7 +141,7 @@ def test_a_crafted_file_in_a_deepspeed_checkpoint_does_not_run(runs, tmp_path):
     """DeepSpeed loads its files with weights_only=False; under trainwell a payload in one is refused, naming it."""
     import shutil
 
-    from tests.common.hostile import Payload
+    from tests.common.hostile import Payload, reseal
     from trainwell.backend.deepspeed import weights_only_loads
 
     _zero2(runs)
@@ -153,7 +153,7 @@ def test_a_crafted_file_in_a_deepspeed_checkpoint_does_not_run(runs, tmp_path):
         state = torch.load(target, map_location="cpu")
     state["optimizer_state_dict"]["loss_scaler"] = Payload(marker)
     torch.save(state, target)
-    (copy / "checkpoint_manifest.json").unlink()  # else the manifest refuses the changed file before it is read
+    reseal(copy)  # else the manifest refuses the changed file before it is read
     proc = runs.launch("crafted-resumed", "--stage", "2", "--save-steps", "3", "--resume", str(copy),
                        workdir="crafted")
     assert proc.returncode != 0

@@ -117,20 +117,24 @@ def test_an_override_of_each_hook_is_called(hook, scenario, out_dir):
 # ---------------------------------------------------------------------------------- the loops see the contract only
 PACKAGE = Path(trainwell.__file__).parent
 LOOP_MODULES = [*sorted((PACKAGE / "loop").glob("*.py")), PACKAGE / "checkpoint" / "contents.py",
-                PACKAGE / "checkpoint" / "resume.py", PACKAGE / "checkpoint" / "checkpointer.py"]
+                PACKAGE / "checkpoint" / "loading.py", PACKAGE / "checkpoint" / "resume.py",
+                PACKAGE / "checkpoint" / "checkpointer.py"]
 CONTRACT = set(hook_methods()) | set(TrainerHooks.__annotations__)
 
 
+_NAMES = ("hooks", "trainer", "owner")  # how the loops and the checkpoint code name the Trainer
+
+
 def _trainer_names(tree: ast.AST) -> set[int]:
-    """ids of Attribute nodes whose value is the Trainer as the loops name it: hooks, trainer, self.hooks/trainer."""
+    """ids of Attribute nodes whose value is the Trainer as the loops name it: hooks, trainer, owner, self.hooks..."""
     found = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
             continue
         value = node.value
-        if isinstance(value, ast.Name) and value.id in ("hooks", "trainer"):
+        if isinstance(value, ast.Name) and value.id in _NAMES:
             found.add(id(node))
-        elif isinstance(value, ast.Attribute) and value.attr in ("hooks", "trainer") and \
+        elif isinstance(value, ast.Attribute) and value.attr in _NAMES and \
                 isinstance(value.value, ast.Name) and value.value.id == "self":
             found.add(id(node))
     return found
@@ -144,3 +148,19 @@ def test_loops_use_only_the_contract(path):
     outside = sorted({node.attr for node in ast.walk(tree)
                       if isinstance(node, ast.Attribute) and id(node) in on_trainer and node.attr not in CONTRACT})
     assert not outside, f"{path.name} uses Trainer attributes outside TrainerHooks: {outside}"
+
+
+@pytest.mark.parametrize("name", ["contents.py", "loading.py"])
+def test_the_contents_bodies_never_see_the_checkpointer(name):
+    """The bodies of the save and load methods are handed what they need (the providers' states, the saved RNG
+    states, the checkpoint's files); they never reach the run's checkpointer through the Trainer, and they read
+    of the Trainer only what ``contents.Owner`` declares."""
+    from trainwell.checkpoint.contents import CONTENTS, Owner
+
+    tree = ast.parse((PACKAGE / "checkpoint" / name).read_text())
+    on_trainer = _trainer_names(tree)
+    read = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and id(node) in on_trainer}
+    assert "checkpointer" not in read
+    declared = set(Owner.__annotations__) | {n for n in vars(Owner) if not n.startswith("__")}
+    named = {m for p in CONTENTS for m in (p.saved_by, p.restored_by) if m}  # called on the Trainer by name
+    assert read - declared - named == set()

@@ -2,13 +2,16 @@
 
 Every ``import`` of a trainwell module, at module level or inside a function (``importlib.import_module`` of a
 constant name too), goes to the same layer or a lower one. Imports under ``if TYPE_CHECKING:`` are annotations
-only and never run, so they are not held to it. A lower layer that needs something of a higher one is handed
-it (a callable, an object), as ``backend.failures.stop_together`` is handed how to find the newest checkpoint.
+only and never run, so they are not held to it; but they count for circles: no circle of imports, type-only ones
+included, may leave its folder (two folders that name each other cannot be read, tested or replaced alone). A
+lower layer that needs something of a higher one is handed it (a callable, an object), as
+``backend.failures.stop_together`` is handed how to find the newest checkpoint.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trainwell"
@@ -78,9 +81,10 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skipped
 
 
-def _imports(path: Path):
+def _imports(path: Path, type_only: bool = False):
+    """The trainwell modules ``path`` imports (with ``type_only``, those under ``if TYPE_CHECKING:`` too)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    skipped = _type_checking_nodes(tree)
+    skipped = set() if type_only else _type_checking_nodes(tree)
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
@@ -173,19 +177,38 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _import_graph() -> dict[str, set[str]]:
-    graph = {_module_name(path): {t for _, t in _imports(path) if t is not None} for path in PACKAGE.rglob("*.py")}
+def _import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the trainwell modules it imports, type-only imports included."""
+    graph = {_module_name(path): {t for _, t in _imports(path, type_only=True) if t is not None}
+             for path in package.rglob("*.py")}
     return {module: {t for t in targets if t in graph and t != module} for module, targets in graph.items()}
+
+
+def _crossing_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    def folder(module: str) -> str:
+        return module.rsplit(".", 1)[0] if "." in module else "<top level>"
+
+    return [group for group in _circles(graph) if len({folder(m) for m in group}) > 1]
 
 
 def test_no_circle_of_imports_leaves_its_folder():
     """Modules of one folder may lean on each other; a circle through two folders (or a folder and a top-level
-    module) ties layers together, so that none can be read, tested or replaced alone."""
-    def folder(module: str) -> str:
-        return module.rsplit(".", 1)[0] if "." in module else "<top level>"
+    module) ties layers together, so that none can be read, tested or replaced alone. Type-only imports count:
+    a protocol of the facade named by a lower folder that the facade names back is such a tie."""
+    assert _crossing_circles(_import_graph()) == []
 
-    crossing = [group for group in _circles(_import_graph()) if len({folder(m) for m in group}) > 1]
-    assert crossing == []
+
+def test_a_circle_of_type_only_imports_is_found(tmp_path, monkeypatch):
+    """The check can fail on annotations alone: a checkpoint module naming the facade's protocol, which names the
+    checkpointer back, both under TYPE_CHECKING."""
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "__init__.py").write_text("")
+    (tmp_path / "checkpoint" / "saver.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainwell.hooks import TrainerHooks\n")
+    (tmp_path / "hooks.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainwell.checkpoint.saver import Saver\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    assert _crossing_circles(_import_graph(tmp_path)) == [["checkpoint.saver", "hooks"]]
 
 
 def test_a_circle_is_found():

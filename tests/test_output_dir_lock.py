@@ -211,3 +211,57 @@ def test_the_hub_upload_leaves_the_lock_out():
     from trainwell.integrations.hub import _ignored
 
     assert _ignored(LOCK_NAME)
+
+
+# ------------------------------------------------------------------------------------------------ a hostile lock file
+@pytest.mark.parametrize("kind", ["link", "dangling", "fifo", "folder"])
+def test_a_lock_name_holding_something_else_is_named_never_written_through_nor_hung_on(tmp_path, kind):
+    """``.trainwell.lock`` as a link (to a file outside output_dir: it was truncated and overwritten), a FIFO (the
+    open blocked), or a folder: an error naming it, at construction, before any step; the link's target intact."""
+    out, target = tmp_path / "out", tmp_path / "precious.txt"
+    out.mkdir()
+    target.write_text("keep me")
+    path = out / LOCK_NAME
+    if kind == "link":
+        path.symlink_to(target)
+    elif kind == "dangling":
+        path.symlink_to(tmp_path / "nothing")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    previous = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("the lock open hung")))
+    signal.alarm(60)
+    try:
+        with pytest.raises(lock.UnusableLockError, match=rf"{path} is a (symbolic link|FIFO|folder), where trainwell "
+                                                         r"keeps the lock .* Remove it and train again"):
+            _trainer(out)
+        trainer = _trainer(out, save_strategy="no")  # a run that writes nothing takes no lock
+        trainer.train()
+        if kind in ("link", "dangling"):  # the lock itself (taken at train()) refuses it too
+            with pytest.raises(lock.UnusableLockError):
+                lock.holding(str(out)).__enter__()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert target.read_text() == "keep me" and not (tmp_path / "nothing").exists()
+
+
+def test_a_run_that_saves_nothing_trains_where_it_cannot_write(tmp_path, monkeypatch):
+    """save_strategy='no' writes nothing into output_dir while it trains: it takes no lock, so a folder it cannot
+    write to is no reason to refuse it (the reference trains there)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if str(path).startswith(str(out)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    trainer = _trainer(out, save_strategy="no")
+    trainer.train()
+    assert trainer.state.global_step == 2 and not (out / LOCK_NAME).exists()
+    assert not lock.writes(_args(out, save_strategy="no")) and lock.writes(_args(out))
+    assert lock.writes(_args(out, save_strategy="no", enable_jit_checkpoint=True))

@@ -54,8 +54,8 @@ def role_settings(monkeypatch):
     """How often each process role is given to a ``TrainerState``: as a constructor argument or assigned later.
     A state read back from a checkpoint (the roles of the process that saved it) does not count."""
     counts: collections.Counter = collections.Counter()
-    inside = [0]  # within TrainerState.__init__ or load_from_json: the values come from the arguments or the file
-    init, load = TrainerState.__init__, TrainerState.load_from_json.__func__
+    inside = [0]  # within TrainerState.__init__ or from_dict: the values come from the arguments or the file
+    init, load = TrainerState.__init__, TrainerState.from_dict.__func__
 
     def counting_init(self, *args, **kwargs):
         if not inside[0]:
@@ -71,16 +71,16 @@ def role_settings(monkeypatch):
             counts[name] += 1
         object.__setattr__(self, name, value)
 
-    def loading(cls, path):
+    def loading(cls, data):
         inside[0] += 1
         try:
-            return load(cls, path)
+            return load(cls, data)
         finally:
             inside[0] -= 1
 
     monkeypatch.setattr(TrainerState, "__init__", counting_init)
     monkeypatch.setattr(TrainerState, "__setattr__", counting_setattr)
-    monkeypatch.setattr(TrainerState, "load_from_json", classmethod(loading))
+    monkeypatch.setattr(TrainerState, "from_dict", classmethod(loading))
     return counts
 
 

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from trainwell.checkpoint.checkpointer import Checkpointer
     from trainwell.events.handler import CallbackHandler
     from trainwell.loop.plan import StepPlan
-    from trainwell.loop.progress import TrainingRun
     from trainwell.outputs import EvalLoopOutput
     from trainwell.state import TrainerControl, TrainerState
     from trainwell.training_args import TrainingArguments
@@ -125,7 +124,9 @@ class TrainerHooks(Protocol):
     runtime: Runtime
     precision: Precision
     #: the counters and positions of the ``train()`` call in progress (the last one after it returns)
-    training_run: TrainingRun | None
+    #: (a ``trainwell.loop.progress.TrainingRun``: not imported here, since that module names this protocol, and
+    #: a circle of imports, type-only ones included, never leaves its folder: ``tests/test_layers.py``)
+    training_run: Any
     #: the checkpoints of the ``train()`` call in progress (the last one after it returns; before the first, one
     #: that saves synchronously): its saves, its resume, the providers the loop registers
     checkpointer: Checkpointer

@@ -18,7 +18,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainwell.utils.safe_files import read_json
+
 logger = logging.getLogger(__name__)
+
+#: the most bytes of a ``trainer_state.json`` read (its ``log_history`` grows with the run: ample for millions of logs)
+STATE_LIMIT = 1 << 30
 
 # Keys every trainer_state.json has carried since the first releases of the reference; anything else may be
 # absent in files written by older versions and takes its default.
@@ -156,38 +161,39 @@ class TrainerState:
     def load_from_json(cls, json_path: str | os.PathLike[str]) -> TrainerState:
         """Read a state written by ``save_to_json`` (or by the reference Trainer).
 
-        Raises ValueError naming the file when it is not a JSON object, lacks one of ``epoch``,
+        Raises ValueError naming the file when it is not a regular file of JSON (a link, a FIFO, or larger than
+        :data:`STATE_LIMIT` bytes is refused before it is read), is not a JSON object, lacks one of ``epoch``,
         ``global_step``, ``max_steps``, ``log_history``, or holds a field of the wrong kind or range
-        (:func:`state_problems`). Fields added by newer versions of the reference are
-        ignored with a warning; fields missing from older files take their defaults.
+        (:func:`state_problems`). Fields added by newer versions of the reference are ignored with a warning;
+        fields missing from older files take their defaults.
         """
-        with open(json_path, encoding="utf-8") as f:
-            text = f.read()
+        data = read_json(json_path, STATE_LIMIT)
+        name = os.fspath(json_path)
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"{os.fspath(json_path)} is not valid JSON ({exc}); the checkpoint is damaged: resume from "
-                "another checkpoint"
-            ) from None
+            state = cls.from_dict(data)
+        except ValueError as err:
+            raise ValueError(f"{name} {err}") from None
+        unknown = unknown_fields(data)
+        if unknown:
+            logger.warning("Ignoring unknown fields %s in %s", unknown, name)
+        return state
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TrainerState:
+        """A state from the parsed content of a ``trainer_state.json``, checked as :meth:`load_from_json` says;
+        ValueError saying what is wrong (the caller names the file). Unknown fields are left out
+        (:func:`unknown_fields` names them)."""
         if not isinstance(data, dict):
-            raise ValueError(f"{os.fspath(json_path)} holds a {type(data).__name__}, not a TrainerState object")
+            raise ValueError(f"holds a {type(data).__name__}, not a TrainerState object")
         missing = [name for name in _REQUIRED_JSON_FIELDS if name not in data]
         if missing:
-            raise ValueError(
-                f"{os.fspath(json_path)} is not a trainer state: it lacks {', '.join(missing)}; resume from a "
-                "checkpoint folder written by Trainer"
-            )
+            raise ValueError(f"is not a trainer state: it lacks {', '.join(missing)}; resume from a checkpoint folder "
+                             "written by Trainer")
         problems = state_problems(data)
         if problems:
-            raise ValueError(
-                f"{os.fspath(json_path)} is damaged: {problems[0]}. Resume from another checkpoint (or correct the "
-                "field by hand)."
-            )
+            raise ValueError(f"is damaged: {problems[0]}. Resume from another checkpoint (or correct the field by "
+                             "hand).")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            logger.warning("Ignoring unknown fields %s in %s", unknown, os.fspath(json_path))
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def compute_steps(self, args: Any, max_steps: int) -> None:
@@ -251,6 +257,11 @@ _FIELD_RULES: dict[str, tuple[Any, str]] = {
     "trial_params": (lambda v: v is None or isinstance(v, dict), "an object or null"),
     "stateful_callbacks": (lambda v: v is None or isinstance(v, dict), "an object or null"),
 }
+
+
+def unknown_fields(data: dict[str, Any]) -> list[str]:
+    """The fields of a parsed ``trainer_state.json`` that ``TrainerState`` does not have (sorted)."""
+    return sorted(set(data) - {f.name for f in dataclasses.fields(TrainerState)})
 
 
 def state_problems(data: dict[str, Any]) -> list[str]:

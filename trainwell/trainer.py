@@ -21,7 +21,7 @@ from torch import nn
 from trainwell import checks, search, techniques, wiring
 from trainwell.backend import failures, stall
 from trainwell.backend.runtime import to_device
-from trainwell.checkpoint import contents, preemption
+from trainwell.checkpoint import contents, loading, preemption
 from trainwell.checkpoint import lock as output_lock
 from trainwell.checkpoint.checkpointer import Checkpointer
 from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module-level names)
@@ -31,7 +31,7 @@ from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module
     TRAINER_STATE_NAME,
     TRAINING_ARGS_NAME,
 )
-from trainwell.checkpoint.resume import last_usable_checkpoint
+from trainwell.checkpoint.resume import Resume, last_usable_checkpoint
 from trainwell.data import loaders
 from trainwell.data.train_loader import build_train_feed
 from trainwell.events.callback import TrainerCallback
@@ -104,7 +104,7 @@ class Trainer:
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         checks.check_trainer_arguments(self)
         self.callback_handler = wiring.callback_handler(self, callbacks, DEFAULT_PROGRESS_CALLBACK)
-        output_lock.prepare(args.output_dir, args.should_save, self.is_world_process_zero())
+        output_lock.prepare(args.output_dir, args.should_save, self.is_world_process_zero(), output_lock.writes(args))
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
         wiring.set_run_attributes(self)
@@ -142,18 +142,22 @@ class Trainer:
                 self._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
                 attempt = functools.partial(self._train_attempt, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
                 attempt = rollback.attempts(self, attempt)  # rollback_on_spike: again from the last good checkpoint
-                with output_lock.holding(self._get_output_dir(trial), enabled=self.is_world_process_zero()):
-                    return batch_size.train_attempts(self, attempt, resume_from_checkpoint)
+                locks = self.is_world_process_zero() and output_lock.writes(self.args)  # runs that save only
+                with output_lock.holding(self._get_output_dir(trial), enabled=locks):
+                    with failures.stop_together(self, last_usable_checkpoint):  # a collective: fail together
+                        resume = Checkpointer.find(self, resume_from_checkpoint)  # found and validated once per call
+                    if self.args.auto_find_batch_size:  # attempts with smaller micro-batches after out-of-memory
+                        return batch_size.train_with_batch_search(self, attempt, resume)
+                    return attempt(resume)
             finally:
                 self.is_in_train = False
                 self._memory_tracker.stop("train")  # after a failure (a finished run has stopped it already)
 
-    def _train_attempt(self, resume_from_checkpoint: str | bool | None, trial: Any,
-                       ignore_keys_for_eval: list[str] | None) -> TrainOutput:
+    def _train_attempt(self, resume: Resume | None, trial: Any, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         wiring.prepare_attempt(self, trial)
         with stall.watch(self, last_usable_checkpoint), techniques.during_training(self), \
                 failures.stop_together(self, last_usable_checkpoint):  # step_timeout, then a lost peer
-            self.checkpointer = Checkpointer.of(self, resume_from_checkpoint)  # every process: the same checkpoint
+            self.checkpointer = Checkpointer.of(self, resume)
             add_memory = functools.partial(self._memory_tracker.stop, "train")
             return FitLoop(self, trial, ignore_keys_for_eval, add_memory).run()
 
@@ -426,7 +430,7 @@ class Trainer:
         contents.save_scaler(self, output_dir)
 
     def _save_rng_state(self, output_dir: str) -> None:
-        contents.save_rng_and_data_position(self, output_dir)
+        contents.save_rng_and_data_position(self, output_dir, self.checkpointer.provided("_save_rng_state"))
 
     def save_state(self) -> None:
         """Write ``self.state`` as it is to ``output_dir/trainer_state.json`` (first process only). The callback
@@ -436,24 +440,24 @@ class Trainer:
             self.state.save_to_json(os.path.join(self.args.output_dir, TRAINER_STATE_NAME))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
-        contents.load_model(model if model is not None else self.model, resume_from_checkpoint)
+        loading.load_model(model if model is not None else self.model, self.checkpointer.files(resume_from_checkpoint))
 
     def _load_optimizer_and_scheduler(self, checkpoint: str) -> None:
-        contents.load_optimizer_and_scheduler(self, checkpoint)
+        loading.load_optimizer_and_scheduler(self, self.checkpointer.files(checkpoint))
 
     def _load_scaler(self, checkpoint: str) -> None:
-        contents.load_scaler(self, checkpoint)
+        loading.load_scaler(self, self.checkpointer.files(checkpoint))
 
     def _load_rng_state(self, checkpoint: str) -> None:
-        contents.load_rng_state(self, checkpoint)
+        loading.load_rng_state(self.checkpointer.saved_rng(checkpoint), checkpoint, self.runtime.process_index)
 
     def _load_callback_state(self) -> None:
-        contents.load_callback_state(self)
+        loading.load_callback_state(self)
 
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint
         logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
-        contents.load_model(self.model_wrapped, best, strict=False)
+        loading.load_model(self.model_wrapped, self.checkpointer.files(best), strict=False)
 
     # ------------------------------------------------------------------------------------------ misc
     def is_local_process_zero(self) -> bool:

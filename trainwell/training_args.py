@@ -298,7 +298,8 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
                             "host copy of the weights and optimizer state (see docs/checkpoints.md).")
     verify_checkpoint_checksums: bool = _arg(True, "trainwell: on resume, compare every checkpoint file with the "
                                              "checksum its manifest recorded (reads each file once); False "
-                                             "compares only their sizes (very large sharded checkpoints).")
+                                             "compares only their sizes (very large sharded checkpoints), and "
+                                             "resumes a trainwell checkpoint that lost its manifest, unchecked.")
     log_throughput: bool = _arg(False, "trainwell: add tokens_per_second (over each log window, all processes) "
                                 "and, on a GPU of known peak in bf16/fp16, mfu (6 x non-embedding parameters x "
                                 "tokens/s over the peak) to each training log and the progress bar.")

@@ -144,7 +144,7 @@ def assert_checkpoint_loadable(path: Path) -> None:
     """Every file of a published checkpoint is present and reads back whole (not the library's own check)."""
     from safetensors.torch import load_file
 
-    from trainwell.checkpoint.rng import load_rng_file
+    from trainwell.checkpoint.io import load_rng_file
 
     names = sorted(p.name for p in path.iterdir())
     for name in CHECKPOINT_FILES:

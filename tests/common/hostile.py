@@ -13,3 +13,19 @@ class Payload:
 
     def __reduce__(self):
         return (open, (self.marker, "w"))
+
+
+def as_reference(folder: Path | str) -> None:
+    """Make a trainwell checkpoint look as the reference writes one: no manifest, and no ``training_args.json``
+    (the reference pickles its arguments into ``training_args.bin``), so nothing in it says a manifest was written
+    and the checks behind the manifest are the ones left."""
+    for name in ("checkpoint_manifest.json", "training_args.json"):
+        (Path(folder) / name).unlink(missing_ok=True)
+
+
+def reseal(folder: Path | str) -> None:
+    """Rebuild a checkpoint's manifest after an edit: a checkpoint edited together with its manifest, which only
+    the checks behind the manifest can catch."""
+    from trainwell.checkpoint import manifest
+
+    manifest.write(folder, manifest.build(folder, []))

@@ -48,10 +48,10 @@ if FAILS and cli.fail == "kill-in-save":
 
     write = contents.save_rng_and_data_position
 
-    def dying(trainer, directory):
+    def dying(trainer, directory, provided):
         if f"checkpoint-{cli.step}" in str(directory):
             os.kill(os.getpid(), signal.SIGKILL)
-        write(trainer, directory)
+        write(trainer, directory, provided)
 
     contents.save_rng_and_data_position = dying
 

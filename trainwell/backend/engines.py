@@ -15,7 +15,7 @@ import contextlib
 import datetime
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,24 +46,38 @@ def choose_engine(runtime: Runtime) -> Engine:
 def check_checkpoint_engine(engine: Engine, checkpoint: str | os.PathLike) -> None:
     """Refuse to resume ``checkpoint`` under ``engine`` when it holds state that only another engine reads
     (DeepSpeed's checkpoint), or lacks the state that only ``engine`` writes and reads."""
-    owner = state_owner(checkpoint)
+    problem = checkpoint_engine_problem(engine, _names_in(checkpoint))
+    if problem is not None:
+        raise ValueError(f"{checkpoint} {problem}")
+
+
+def checkpoint_engine_problem(engine: Engine, files: Collection[str]) -> str | None:
+    """Why a checkpoint holding the files ``files`` (names relative to it) cannot resume under ``engine``, as
+    :func:`check_checkpoint_engine` says (the caller names the checkpoint); None when it can."""
+    owner = state_owner(files)
     if (owner.own_checkpoint_file if owner is not None else None) == engine.own_checkpoint_file:
-        return  # neither holds state of its own, or it is this engine's
+        return None  # neither holds state of its own, or it is this engine's
     refused = owner if owner is not None else type(engine)
     written, run = ("with", "does not use") if owner is not None else ("without", "uses")
-    raise ValueError(
-        f"{checkpoint} was written {written} {refused.label} and this run {run} it: a {refused.label} checkpoint "
-        f"resumes under {refused.label} only ({refused.own_checkpoint_hint}). Resume with the engine that wrote it, "
-        "or start from its model weights."
-    )
+    return (f"was written {written} {refused.label} and this run {run} it: a {refused.label} checkpoint resumes under "
+            f"{refused.label} only ({refused.own_checkpoint_hint}). Resume with the engine that wrote it, or start "
+            "from its model weights.")
 
 
-def state_owner(checkpoint: str | os.PathLike) -> type[Engine] | None:
-    """The engine whose own state ``checkpoint`` holds, which no other engine reads (None: any engine reads it)."""
+def state_owner(checkpoint: str | os.PathLike | Collection[str]) -> type[Engine] | None:
+    """The engine whose own state ``checkpoint`` holds, which no other engine reads (None: any engine reads it).
+    ``checkpoint``: its folder, or the names of its files (relative to it) as listed already."""
+    files = _names_in(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else checkpoint
     for cls in ENGINES:
-        if cls.own_checkpoint_file is not None and (Path(checkpoint) / cls.own_checkpoint_file).is_file():
+        if cls.own_checkpoint_file is not None and cls.own_checkpoint_file in files:
             return cls
     return None
+
+
+def _names_in(checkpoint: str | os.PathLike) -> set[str]:
+    """The names of the regular files at the top of ``checkpoint`` (the marker files engines own are there)."""
+    folder = Path(checkpoint)
+    return {p.name for p in folder.iterdir() if p.is_file() and not p.is_symlink()} if folder.is_dir() else set()
 
 
 def build_accelerator(args: Any, model: Any = None) -> Any:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from trainwell.utils import filehash
+from trainwell.utils.safe_files import open_regular
 
 MODEL_DIR = "pytorch_model_fsdp_0"
 OPTIMIZER_DIR = "optimizer_0"
@@ -208,7 +209,7 @@ def read_metadata(path: Path) -> Any:
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import Metadata
 
-    with open(path, "rb") as fh:
+    with open_regular(path, Path(path).parent.parent) as fh:  # never through a link, never a FIFO
         try:
             metadata = _MetadataUnpickler(fh, path).load()
         except RefusedFile:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwell.checkpoint.io import safe_torch_load
+from trainwell.checkpoint.io import regular_path, safe_torch_load
 from trainwell.checkpoint.layout import ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME
 from trainwell.utils import model as model_utils
 
@@ -68,8 +68,8 @@ def read_adapter_weights(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     if file.name == ADAPTER_SAFE_WEIGHTS_NAME:
         from safetensors.torch import load_file
 
-        return load_file(str(file))
-    state = safe_torch_load(file)
+        return load_file(regular_path(file, file.parent))  # a regular file, never through a link
+    state = safe_torch_load(file, root=file.parent)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{file} does not hold a dict of tensors (found {type(state).__name__}): it is not a peft "
                          "adapter file. Delete it, or resume from another checkpoint.")

@@ -1,21 +1,27 @@
-"""One checkpointer per ``train()`` call: it writes the run's checkpoints and restores the one the run resumes.
+"""The checkpoints of one ``train()`` call: its saves, its resume, and the state the loop hands it.
 
-Owns :class:`Checkpointer` (torchtitan's ``CheckpointManager`` is the model). The run's parts are handed to it:
-the Trainer's (model, optimizer, scheduler, scaler, RNG states, callbacks) through the save and load methods that
-``trainwell.checkpoint.contents.CONTENTS`` names for each piece (the reference's names, so a subclass's overrides
-run), and the loop's (the data position, the epoch's loader seed, the batch read ahead, the log window) as
-``state_dict``/``load_state_dict`` providers it registers under the names of their rows. The checkpointer holds
-the rest of what a save and a resume need, and nothing outside it does:
+One :class:`Checkpointer` per ``train()`` call (``trainer.checkpointer``; a plain one from ``Trainer()`` on, for saves
+outside it). It saves and restores the Trainer's parts (model, optimizer, scheduler, scaler, RNG states, callbacks)
+through the save and load methods that ``trainwell.checkpoint.contents.CONTENTS`` names for each piece (the
+reference's names, so a subclass's overrides run), and the other parts (the loop's data position, the epoch's loader
+seed, the batch read ahead, the log window; any piece a row adds) as ``state_dict``/``load_state_dict`` providers
+registered under the names of their rows. The checkpointer holds the rest of what a save and a resume need, and
+nothing outside it does:
 
-* the :class:`~trainwell.checkpoint.resume.Resume` (which checkpoint, found and validated once, agreed by every
-  process) and the restore, phase by phase: :meth:`Checkpointer.restore` runs a phase's rows of the table, its
-  Trainer methods and its providers, for all five phases. The resumed checkpoint's RNG file is read once;
-* the save (:meth:`Checkpointer.save_checkpoint`): the pieces written in table order into a temporary folder,
-  checksummed into the manifest, published atomically once every process wrote its part, then rotated;
-* ``save_async``'s host staging and background writer (``trainwell.checkpoint.background``).
+* the :class:`~trainwell.checkpoint.resume.Resume` (which checkpoint, found and validated once per ``train()`` call,
+  agreed by every process, its files listed and parsed once) and the restore, phase by phase:
+  :meth:`Checkpointer.restore` runs a phase's rows of the table, its Trainer methods and its providers, for all five
+  phases. The resumed checkpoint's RNG file is read once;
+* the save (:meth:`Checkpointer.save_checkpoint`): the pieces written as the table says (synchronously, or staged
+  for ``save_async``: host staging and the background writer, ``trainwell.checkpoint.background``), checksummed into
+  the manifest, published atomically once every process wrote its part, then rotated;
+* the run's housekeeping on ``output_dir``: :meth:`begin_run` (which processes see the writers' folder, the
+  temporary folders of an interrupted save) and :meth:`end_run` (``save_total_limit=1`` keeps only the best).
 
 This layer sits below the loop and the Trainer and imports neither: the loop hands over its step plan (where in
-the data a checkpoint's step stands) and its providers; the Trainer is seen through ``trainwell.hooks``.
+the data a checkpoint's step stands) and its providers; the Trainer is seen as ``contents.Owner``. The contents'
+bodies never see the checkpointer: the Trainer's methods hand them what it holds (:meth:`provided`,
+:meth:`saved_rng`, :meth:`files`).
 """
 
 from __future__ import annotations
@@ -27,18 +33,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainwell.checkpoint import contents, manifest
+from trainwell.checkpoint import contents, disks, manifest
 from trainwell.checkpoint.background import BackgroundWriter, HostStaging
 from trainwell.checkpoint.contents import Phase
 from trainwell.checkpoint.finite import check_finite_weights
-from trainwell.checkpoint.io import AtomicDirectory, safe_torch_load, writing
-from trainwell.checkpoint.layout import TRAINER_STATE_NAME, checkpoint_path, rotate_checkpoints
+from trainwell.checkpoint.io import AtomicDirectory, CheckpointFiles, load_rng_file, safe_torch_load, writing
+from trainwell.checkpoint.layout import (
+    TRAINER_STATE_NAME,
+    checkpoint_path,
+    clean_temporary,
+    keep_only_best,
+    rotate_checkpoints,
+)
 from trainwell.checkpoint.resume import Resume, RunPlan
-from trainwell.checkpoint.rng import load_rng_file
 from trainwell.utils import filehash
 
 if TYPE_CHECKING:
-    from trainwell.hooks import TrainerHooks
+    from trainwell.checkpoint.contents import Owner
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +86,7 @@ class Checkpointer:
     of a finished call), every save is synchronous.
     """
 
-    def __init__(self, hooks: TrainerHooks, resume: Resume | None = None, background: bool = False) -> None:
+    def __init__(self, hooks: Owner, resume: Resume | None = None, background: bool = False) -> None:
         self.hooks, self.resume = hooks, resume
         self.writer = BackgroundWriter() if background else None
         self.staging = HostStaging() if background else None  # host copies, reused from one save to the next
@@ -84,11 +95,35 @@ class Checkpointer:
         self._rng: dict[str, Any] | None = None  # the resumed checkpoint's RNG file, once read
         self._rng_read = False
 
+    @staticmethod
+    def find(hooks: Owner, resume_from_checkpoint: str | bool | None) -> Resume | None:
+        """The checkpoint ``train(resume_from_checkpoint=...)`` resumes, found and validated: once per ``train()``
+        call, a collective with several processes (all resume the same one, or all raise the same error)."""
+        return Resume.of(hooks, resume_from_checkpoint)
+
     @classmethod
-    def of(cls, hooks: TrainerHooks, resume_from_checkpoint: str | bool | None) -> Checkpointer:
-        """The checkpointer of a ``train(resume_from_checkpoint=...)`` call: a collective with several processes
-        (every process resumes the same checkpoint, or all raise the same error: ``Resume.of``)."""
-        return cls(hooks, Resume.of(hooks, resume_from_checkpoint), background=True)
+    def of(cls, hooks: Owner, resume: Resume | None) -> Checkpointer:
+        """The checkpointer of one attempt of a ``train()`` call, resuming ``resume`` (:meth:`find`'s)."""
+        return cls(hooks, resume, background=True)
+
+    # ------------------------------------------------------------------------------------------- the run's folder
+    def begin_run(self) -> None:
+        """Before the first step: with several processes, refuse a placement of ``output_dir`` that cannot work
+        (``trainwell.checkpoint.disks``: a collective); remove the temporary folders of an interrupted save."""
+        args, runtime = self.hooks.args, self.hooks.runtime
+        if runtime.distributed:
+            placement = disks.probe(args.output_dir, args.should_save, runtime.all_gather_object)
+            disks.check(placement, args, runtime.engine.every_process_writes, runtime.is_main_process,
+                        one_folder=runtime.engine.one_folder)
+        if args.should_save:
+            clean_temporary(args.output_dir)
+
+    def end_run(self, run_dir: str) -> None:
+        """When training is done: ``save_total_limit=1`` keeps only the best checkpoint of ``run_dir`` (the newest
+        was kept beside it while a resume could need it), as the reference does."""
+        args, best = self.hooks.args, self.hooks.state.best_model_checkpoint
+        if args.should_save and args.save_total_limit == 1 and best is not None:
+            keep_only_best(run_dir, best)
 
     # ------------------------------------------------------------------------------------------- what the loop hands
     def register(self, name: str, provider: Stateful) -> None:
@@ -98,6 +133,10 @@ class Checkpointer:
             open_rows = [p.name for p in contents.CONTENTS if p.restored_by is None and p.restored is not Phase.NEVER]
             raise ValueError(f"No provider can be registered as {name!r}: the pieces restored by a provider are "
                              f"{open_rows} (trainwell.checkpoint.contents.CONTENTS).")
+        if piece.saved_by is None and piece.per_rank:
+            raise ValueError(f"The row {name!r} has no saving method and is per rank: the checkpointer writes a "
+                             "provider's own row from the writer processes only; save per-rank state with "
+                             "saved_by='_save_rng_state' (gathered to the writers).")
         self._providers[name] = provider
 
     @property
@@ -105,14 +144,17 @@ class Checkpointer:
         """The pieces providers were registered for, in registration order."""
         return tuple(self._providers)
 
-    def use_plan(self, plan: RunPlan) -> None:
-        """What the run's step plan says: how long the run is, and where in the data a checkpoint's step stands."""
-        self._plan = plan
+    def use_plan(self, max_steps: int, global_batch: int,
+                 position_at: Callable[[int, float | None, int | None], tuple[int, int]]) -> None:
+        """What a resume needs of the run's step plan (``trainwell.loop.plan.StepPlan``): how long the run is, its
+        global batch, and ``position_at(global_step, epoch, saved_max_steps) -> (epoch, windows of it trained)``,
+        where in the data a checkpoint's step stands."""
+        self._plan = RunPlan(max_steps, global_batch, position_at)
 
-    def provided(self, saved_by: str) -> list[tuple[contents.Piece, Any]]:
-        """The pieces written by the Trainer method ``saved_by`` that providers hold, with their states, in table
-        order (a piece whose provider has nothing to save is left out). Every process calls it, in the same order:
-        a provider may be a collective."""
+    def provided(self, saved_by: str | None) -> list[tuple[contents.Piece, Any]]:
+        """The pieces written by the Trainer method ``saved_by`` (None: by no method, the checkpointer writes them)
+        that providers hold, with their states, in table order (a piece whose provider has nothing to save is left
+        out). Every process calls it, in the same order: a provider may be a collective."""
         pieces = [p for p in contents.CONTENTS if p.saved_by == saved_by and p.name in self._providers]
         states = [(p, self._providers[p.name].state_dict()) for p in pieces]
         return [(piece, state) for piece, state in states if state is not None]
@@ -121,8 +163,9 @@ class Checkpointer:
     def save_checkpoint(self, run_dir: str) -> Path:
         """Write ``checkpoint-{global_step}`` atomically and apply ``save_total_limit``; returns its path.
 
-        With ``save_async`` (in a ``train()`` call) the model, optimizer, scheduler and scaler are copied to host
-        buffers here and written, synced and published by the background writer; the small files (RNG states, data
+        With ``save_async`` (in a ``train()`` call) the rows of ``CONTENTS`` that are not written at once (the model,
+        optimizer, scheduler and scaler, and any provider's row staged so) are copied here, to host buffers or deep
+        copies, and written, synced and published by the background writer; the small files (RNG states, data
         position, arguments, trainer state) are written before this returns, as in a synchronous save.
         """
         hooks = self.hooks
@@ -142,9 +185,10 @@ class Checkpointer:
         recorder = filehash.recording(tmp)  # the files this process writes are checksummed as they are written
         try:
             if background is not None:
-                heavy = contents.stage_pieces(hooks, tmp, self.staging)
+                heavy = contents.stage_pieces(hooks, tmp, self.staging, self.provided)
             else:
-                heavy = contents.write_pieces(hooks, tmp)
+                contents.write_pieces(hooks, tmp, self.provided)
+                heavy = None
             # Every process: load_best_model_at_end reloads the best weights on all of them (under FSDP, together).
             _update_best_checkpoint(hooks, run_dir)
             if args.should_save:
@@ -185,7 +229,7 @@ class Checkpointer:
         _check_weights(self.hooks, folder)
         os.makedirs(folder, exist_ok=True)
         with filehash.recording(folder) as recorder:
-            contents.write_pieces(self.hooks, folder)
+            contents.write_pieces(self.hooks, folder, self.provided)
             if self.hooks.args.should_save:
                 _write_trainer_state(self.hooks, folder)
                 _write_manifest(folder, [recorder.snapshot()])
@@ -243,13 +287,14 @@ class Checkpointer:
         if key is not None:
             saved = self.saved_rng(self.resume.path)
             return None if saved is None else saved.get(key)
-        runtime = self.hooks.runtime
-        path = contents.piece_file(self.resume.path, piece.name, runtime.process_index, runtime.num_processes)
-        if not path.is_file():
+        runtime, files = self.hooks.runtime, self.resume.files
+        name = contents.piece_name(piece.name, runtime.process_index, runtime.num_processes)
+        if not files.has(name):
             if piece.name in _WITHOUT:
-                logger.warning("%s has no %s: %s.", self.resume.path, path.name, _WITHOUT[piece.name])
+                logger.warning("%s has no %s: %s.", files.path, name, _WITHOUT[piece.name])
             return None
-        return safe_torch_load(path)
+        return piece.read(files.path / name) if piece.read is not None else safe_torch_load(files.path / name,
+                                                                                            root=files.path)
 
     def saved_rng(self, checkpoint: str) -> dict[str, Any] | None:
         """This process's saved RNG states in ``checkpoint`` (None without its file). The resumed checkpoint's file
@@ -258,20 +303,27 @@ class Checkpointer:
         if resumed and self._rng_read:
             return self._rng
         runtime = self.hooks.runtime
-        path = contents.piece_file(checkpoint, "rng", runtime.process_index, runtime.num_processes)
-        saved = load_rng_file(path) if path.is_file() else None
+        path = Path(checkpoint) / contents.piece_name("rng", runtime.process_index, runtime.num_processes)
+        saved = load_rng_file(path) if os.path.lexists(path) else None  # a link is named by the reader
         if resumed:
             self._rng, self._rng_read = saved, True
         return saved
 
+    def files(self, checkpoint: str | os.PathLike) -> CheckpointFiles:
+        """``checkpoint``'s files, listed once: the resumed checkpoint's as found (parsed once, whoever asks), any
+        other listed now (``load_best_model_at_end``'s best checkpoint)."""
+        if self.resume is not None and os.fspath(checkpoint) == self.resume.path:
+            return self.resume.files
+        return CheckpointFiles(checkpoint)
 
-def _check_weights(hooks: TrainerHooks, checkpoint: Any) -> None:
+
+def _check_weights(hooks: Owner, checkpoint: Any) -> None:
     runtime = hooks.runtime
     gather = runtime.all_gather_object if runtime.distributed else None
     check_finite_weights(hooks.model, str(checkpoint), gather, runtime.process_index)
 
 
-def _write_trainer_state(hooks: TrainerHooks, folder: str) -> None:
+def _write_trainer_state(hooks: Owner, folder: str) -> None:
     """``trainer_state.json``, with the callbacks' states as they are now (written last: it marks the folder done)."""
     hooks.state.record_callback_states(hooks.callback_handler.callbacks + [hooks.control])
     with writing(os.path.join(folder, TRAINER_STATE_NAME)):
@@ -283,7 +335,7 @@ def _write_manifest(folder: str, recorded: list[dict[str, Any]]) -> None:
         manifest.write(folder, manifest.build(folder, recorded))
 
 
-def _update_best_checkpoint(hooks: TrainerHooks, run_dir: str) -> None:
+def _update_best_checkpoint(hooks: Owner, run_dir: str) -> None:
     """Point ``best_model_checkpoint`` at the checkpoint of the best step, once that step has one."""
     state = hooks.state
     if state.best_global_step is None:

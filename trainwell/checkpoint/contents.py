@@ -1,75 +1,91 @@
-"""What a checkpoint holds, as one table, and how each piece is written and read back.
+"""What a checkpoint holds, as one table, and how each piece is staged, written and read back.
 
 ``CONTENTS`` below is the list. Each row names a piece, its file in ``checkpoint-N/``, whether every process
 writes its own copy (``rng_state_{rank}.pth``) or one writer process writes it, whether ``save_only_model``
-leaves it out, when ``train(resume_from_checkpoint=...)`` restores it (:class:`Phase`), and the Trainer
-methods (the reference's names, so subclass overrides are honoured) that save and restore it. A piece with no
-restoring method is the state of a part of the run the loop registers with the run's checkpointer (a
-``state_dict``/``load_state_dict`` provider: the data position, the epoch's loader seed, the log window); some
-of those are entries of the RNG file (``entry``). The table drives all three uses, through the run's
+leaves it out, when ``train(resume_from_checkpoint=...)`` restores it (:class:`Phase`), the Trainer methods (the
+reference's names, so subclass overrides are honoured) that save and restore it, and how ``save_async`` stages
+it (:class:`Staging`), with the functions that take its state from the run, write it and read it back. A piece
+with no restoring method is the state of a part of the run registered with the run's checkpointer (a
+``state_dict``/``load_state_dict`` provider: the loop's data position, the epoch's loader seed, the log window;
+some of those are entries of the RNG file, ``entry``); a piece with no saving method either is written from its
+provider by the checkpointer itself, in both kinds of save. The table drives every use, through the run's
 checkpointer (``trainwell.checkpoint.checkpointer.Checkpointer``):
 
-* saving (:func:`write_pieces`): the ``saved_by`` methods run in table order, into a temporary folder
-  published atomically once every process wrote its part, so a crash never leaves a ``checkpoint-N`` that
-  resume would pick and fail on; ``trainer_state.json`` is last;
+* the synchronous save (:func:`write_pieces`): the ``saved_by`` methods in table order, then the providers' own
+  rows, into a temporary folder published atomically once every process wrote its part; ``trainer_state.json``
+  is last;
+* ``save_async`` (:func:`stage_pieces`): the rows written now are written now, the others staged (copied to host
+  buffers, or deep-copied) and written by the background writer, each by its row's ``write``;
 * resuming: each phase runs the ``restored_by`` methods of its rows and hands its providers their saved states;
-* validating (``trainwell.checkpoint.resume.incomplete_reason``): the ``required`` rows must be present.
+* validating (``trainwell.checkpoint.resume``): the ``required`` rows must be present.
 
-Sized data needs no position file: the sampler's order is a function of (seed, epoch), and ``global_step``
-says how many windows of the current epoch were consumed. Loading never unpickles code
-(``safe_torch_load``). The functions here are the default bodies of the Trainer's save/load methods.
+The functions here are the default bodies of the Trainer's saving methods (the restoring ones are
+``trainwell.checkpoint.loading``'s). They are handed what they need (the trainer's parts, the providers' states)
+and never see the checkpointer.
 """
 
 from __future__ import annotations
 
 import copy
 import enum
-import json
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainwell.backend import deepspeed as ds
-from trainwell.backend import engines, sharded
+from trainwell.backend import sharded
 from trainwell.checkpoint import adapters
-from trainwell.checkpoint.io import (
-    load_model_weights,
-    read_model_weights,
-    safe_torch_load,
-    save_model_weights,
-    torch_save,
-    write_json,
-)
+from trainwell.checkpoint.io import save_model_weights, torch_save, write_json
 from trainwell.checkpoint.layout import (
-    LEGACY_WEIGHTS_NAME,
     OPTIMIZER_NAME,
     SCALER_NAME,
     SCHEDULER_NAME,
     TRAINER_STATE_NAME,
     TRAINING_ARGS_NAME,
-    WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     per_rank_name,
 )
-from trainwell.checkpoint.optimizer_state import (
-    align_optimizer_state,
-    align_scheduler_state,
-    check_optimizer_state,
-)
-from trainwell.checkpoint.rng import get_rng_state, set_rng_state
 from trainwell.utils import filehash
 from trainwell.utils import model as model_utils
+from trainwell.utils.seed import get_rng_state
 
 if TYPE_CHECKING:
+    from torch import nn
+
+    from trainwell.backend.precision import Precision
+    from trainwell.backend.runtime import Runtime
     from trainwell.checkpoint.background import HostStaging
-    from trainwell.hooks import TrainerHooks
+    from trainwell.state import TrainerState
 
 logger = logging.getLogger(__name__)
 
 RNG_NAME = "rng_state.pth"
+
+
+class Owner(Protocol):
+    """What the checkpoint layer sees of the Trainer (``trainwell.hooks.TrainerHooks`` holds all of it): the parts a
+    checkpoint holds, and the methods the table names, always called on the Trainer by name (so a subclass's
+    override runs)."""
+
+    args: Any
+    runtime: Runtime
+    precision: Precision
+    state: TrainerState
+    control: Any
+    callback_handler: Any
+    model: nn.Module
+    model_wrapped: nn.Module
+    optimizer: Any
+    lr_scheduler: Any
+    processing_class: Any
+    data_collator: Any
+    is_in_train: bool
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None: ...
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None: ...
 
 
 class Phase(enum.Enum):
@@ -87,6 +103,15 @@ class Phase(enum.Enum):
     NEVER = 6  #: written for other tools (``from_pretrained``, the reference), not read on resume
 
 
+class Staging(enum.Enum):
+    """How ``save_async`` takes a piece while training goes on (a synchronous save writes each piece at once)."""
+
+    NOW = 1  #: written before the save returns: small files, and what every process gives (RNG states)
+    HOST = 2  #: its tensors copied into host buffers kept from one save to the next; written in the background
+    COPY = 3  #: deep-copied (small state); written in the background
+    ENGINE = 4  #: the engine's own state, written by every process: engines that write it refuse ``save_async``
+
+
 @dataclass(frozen=True)
 class Piece:
     name: str
@@ -95,8 +120,10 @@ class Piece:
     training_state: bool  #: left out by ``save_only_model``
     required: bool  #: a checkpoint without it is incomplete (training-state pieces: unless ``save_only_model``)
     restored: Phase
-    saved_by: str  #: the Trainer method that writes it
-    #: the Trainer method that restores it (None: the provider the loop registers under ``name`` does)
+    #: the Trainer method that writes it (None: the checkpointer writes the state of the provider registered under
+    #: ``name``, with ``write``; such a row is written by the writer processes, not per rank)
+    saved_by: str | None
+    #: the Trainer method that restores it (None: the provider registered under ``name`` does)
     restored_by: str | None
     replaces: tuple[str, ...] = ()  #: the pieces this one stands in for (their sharded form, under FSDP or ZeRO)
     #: the TrainingArguments flag without which ``restored_by`` is not called (None: always called)
@@ -104,25 +131,54 @@ class Piece:
     entry: str | None = None  #: the key of the RNG file's dictionary that holds it (None: it has its own file)
     #: the entry restored instead when the run resumes at the start of an epoch (``Phase.DATA`` rows)
     entry_at_epoch_start: str | None = None
+    staged: Staging = Staging.NOW  #: how ``save_async`` takes it
+    #: its state as the run holds it now, for ``save_async`` (None: its provider's ``state_dict``, or ``staged`` NOW)
+    state: Callable[[Owner], Any] | None = None
+    #: ``write(owner, piece, state, folder)`` writes ``state`` into the checkpoint folder (None: ``torch_save`` to
+    #: :func:`piece_file`)
+    write: Callable[[Owner, Piece, Any, str], None] | None = None
+    #: ``read(path)``: a provider's saved state back from its file (None: ``safe_torch_load``)
+    read: Callable[[Path], Any] | None = None
+
+
+# ----------------------------------------------------------------------------------------------- rows' functions
+def _model_state(owner: Owner) -> Any:
+    return adapters.state_to_snapshot(model_utils.unwrap(owner.model))  # a PeftModel: its adapters only
+
+
+def _write_model(owner: Owner, piece: Piece, state: Any, folder: str) -> None:
+    save_model_weights(model_utils.unwrap(owner.model), folder, state_dict=state)
+
+
+def _write_arguments(owner: Owner, piece: Piece, state: Any, folder: str) -> None:
+    save_model_files(owner, folder, weights=False)  # training_args.json and the processing class
+
+
+def _write_file(owner: Owner, piece: Piece, state: Any, folder: str) -> None:
+    torch_save(state, piece_file(folder, piece.name))
 
 
 CONTENTS: tuple[Piece, ...] = (
-    Piece("model", WEIGHTS_NAME, False, False, True, Phase.WEIGHTS, "save_model", "_load_from_checkpoint"),
-    Piece("training_args", TRAINING_ARGS_NAME, False, False, False, Phase.NEVER, "save_model", None),
+    Piece("model", WEIGHTS_NAME, False, False, True, Phase.WEIGHTS, "save_model", "_load_from_checkpoint",
+          staged=Staging.HOST, state=_model_state, write=_write_model),
+    Piece("training_args", TRAINING_ARGS_NAME, False, False, False, Phase.NEVER, "save_model", None,
+          write=_write_arguments),
     Piece("optimizer", OPTIMIZER_NAME, False, True, True, Phase.OPTIMIZER, "_save_optimizer_and_scheduler",
-          "_load_optimizer_and_scheduler"),
+          "_load_optimizer_and_scheduler", staged=Staging.HOST, state=lambda owner: owner.optimizer.state_dict()),
     Piece("scheduler", SCHEDULER_NAME, False, True, True, Phase.OPTIMIZER, "_save_optimizer_and_scheduler",
-          "_load_optimizer_and_scheduler"),
+          "_load_optimizer_and_scheduler", staged=Staging.COPY, state=lambda owner: owner.lr_scheduler.state_dict()),
     # Under FSDP or tensor parallelism (trainwell.backend.sharded): every process writes its shards, the coordinator
     # .metadata last.
     Piece("model_shards", f"{sharded.MODEL_DIR}/{sharded.METADATA}", False, True, False, Phase.WEIGHTS,
-          "_save_optimizer_and_scheduler", "_load_from_checkpoint", replaces=("model",)),
+          "_save_optimizer_and_scheduler", "_load_from_checkpoint", replaces=("model",), staged=Staging.ENGINE),
     Piece("optimizer_shards", f"{sharded.OPTIMIZER_DIR}/{sharded.METADATA}", False, True, False, Phase.OPTIMIZER,
-          "_save_optimizer_and_scheduler", "_load_optimizer_and_scheduler", replaces=("optimizer",)),
+          "_save_optimizer_and_scheduler", "_load_optimizer_and_scheduler", replaces=("optimizer",),
+          staged=Staging.ENGINE),
     # Under DeepSpeed: its own checkpoint (global_step{N}/, partitioned), `latest` naming it written last.
     Piece("deepspeed_state", ds.LATEST, False, True, False, Phase.OPTIMIZER, "_save_optimizer_and_scheduler",
-          "_load_optimizer_and_scheduler", replaces=("model", "optimizer")),
-    Piece("scaler", SCALER_NAME, False, True, False, Phase.OPTIMIZER, "_save_scaler", "_load_scaler"),
+          "_load_optimizer_and_scheduler", replaces=("model", "optimizer"), staged=Staging.ENGINE),
+    Piece("scaler", SCALER_NAME, False, True, False, Phase.OPTIMIZER, "_save_scaler", "_load_scaler",
+          staged=Staging.COPY, state=lambda owner: owner.precision.state_dict()),
     Piece("rng", RNG_NAME, True, True, True, Phase.RNG, "_save_rng_state", "_load_rng_state"),
     # The state of the loop's parts (restored_by None: the providers it registers with the run's checkpointer).
     # The CPU RNG state the resumed epoch's loader seed is drawn from: mid-epoch the one the checkpoint's epoch
@@ -147,25 +203,47 @@ PIECES = {piece.name: piece for piece in CONTENTS}
 
 def piece_file(directory: str | os.PathLike, name: str, process_index: int = 0, num_processes: int = 1) -> Path:
     """The path of piece ``name`` in ``directory`` as process ``process_index`` writes and reads it."""
+    return Path(directory) / piece_name(name, process_index, num_processes)
+
+
+def piece_name(name: str, process_index: int = 0, num_processes: int = 1) -> str:
+    """The file of piece ``name`` in a checkpoint folder (relative to it) as process ``process_index`` writes and
+    reads it."""
     piece = PIECES[name]
-    file = per_rank_name(piece.file, process_index, num_processes) if piece.per_rank else piece.file
-    return Path(directory) / file
+    return per_rank_name(piece.file, process_index, num_processes) if piece.per_rank else piece.file
 
 
 # ----------------------------------------------------------------------------------------------- saving
+#: ``provided(saved_by)``: the providers' states of the rows ``saved_by`` writes (None: the rows without a saving
+#: method), as ``(piece, state)`` in table order; every process calls it, in the same order
+Provided = Callable[[str | None], list[tuple[Piece, Any]]]
+
+
+def _rows(save_only_model: bool) -> list[Piece]:
+    return [p for p in CONTENTS if not (save_only_model and p.training_state)]
+
+
 def saving_methods(save_only_model: bool) -> list[str]:
     """The Trainer methods that write a checkpoint's pieces, in table order (``trainer_state.json`` aside)."""
-    pieces = [p for p in CONTENTS if p.saved_by != "_save_checkpoint" and not (save_only_model and p.training_state)]
-    return list(dict.fromkeys(p.saved_by for p in pieces))
+    return list(dict.fromkeys(p.saved_by for p in _rows(save_only_model) if p.saved_by not in (None,
+                                                                                                "_save_checkpoint")))
 
 
-def write_pieces(trainer: TrainerHooks, tmp: str) -> None:
-    """The synchronous save: the saving methods of ``CONTENTS``, in table order (nothing left to run later)."""
-    for method in saving_methods(trainer.args.save_only_model):
+def write_pieces(owner: Owner, tmp: str, provided: Provided) -> None:
+    """The synchronous save: the saving methods of ``CONTENTS`` in table order, then the providers' own rows."""
+    for method in saving_methods(owner.args.save_only_model):
         if method == "save_model":
-            trainer.save_model(tmp, _internal_call=True)  # the reference's flag: a checkpoint's model
+            owner.save_model(tmp, _internal_call=True)  # the reference's flag: a checkpoint's model
         else:
-            getattr(trainer, method)(tmp)
+            getattr(owner, method)(tmp)
+    for piece, state in _own_rows(owner, provided):
+        if owner.args.should_save:
+            (piece.write or _write_file)(owner, piece, state, tmp)
+
+
+def _own_rows(owner: Owner, provided: Provided) -> list[tuple[Piece, Any]]:
+    keep = {p.name for p in _rows(owner.args.save_only_model)}
+    return [(piece, state) for piece, state in provided(None) if piece.name in keep]
 
 
 _SNAPSHOT_METHODS = ("save_model", "_save", "_save_optimizer_and_scheduler", "_save_scaler")
@@ -177,236 +255,132 @@ def _is_trainers_own(method: Any) -> bool:
     return getattr(method, "__module__", None) == "trainwell.trainer" and method.__qualname__.startswith("Trainer.")
 
 
-def stage_pieces(trainer: TrainerHooks, tmp: str, staging: HostStaging) -> Callable[[], None] | None:
-    """``save_async``: write the small pieces now, copy the large ones to host buffers (``staging``: the run's,
-    reused from one save to the next), and return the job that writes those copies (None on processes that
-    write nothing more)."""
-    overridden = [m for m in _SNAPSHOT_METHODS if not _is_trainers_own(getattr(type(trainer), m))]
+def stage_pieces(owner: Owner, tmp: str, staging: HostStaging, provided: Provided) -> Callable[[], None] | None:
+    """``save_async``: write the rows staged ``NOW`` now, copy the others (host buffers from ``staging``, the run's,
+    reused from one save to the next; or deep copies), and return the job that writes those copies (None on
+    processes that write nothing more). A saving method whose rows are all written now runs as it is (an override
+    too); the others are taken apart row by row, so they must be the Trainer's own."""
+    rows = _rows(owner.args.save_only_model)
+    split = [m for m in saving_methods(owner.args.save_only_model)
+             if any(p.staged is not Staging.NOW for p in rows if p.saved_by == m)]
+    overridden = [m for m in _SNAPSHOT_METHODS if (m in split or m == "_save" and "save_model" in split)
+                  and not _is_trainers_own(getattr(type(owner), m))]
     if overridden:
         raise ValueError(
             f"save_async=True writes checkpoints from a snapshot and cannot call the overridden {overridden}: set "
             "save_async=False to keep the overrides."
         )
-    args = trainer.args
-    if not args.save_only_model:
-        trainer._save_rng_state(tmp)  # every process: its RNG states and data position
-    if not args.should_save:
+    should_save, later = owner.args.should_save, []
+    for method in saving_methods(owner.args.save_only_model):
+        if method not in split:
+            getattr(owner, method)(tmp)  # every process: its RNG states and data position
+            continue
+        for piece in (p for p in rows if p.saved_by == method and p.staged is not Staging.ENGINE and should_save):
+            later += _stage(owner, piece, piece.state(owner) if piece.state else None, tmp, staging)
+    for piece, state in _own_rows(owner, provided):  # providers are asked on every process (a collective may be)
+        if should_save:
+            later += _stage(owner, piece, state, tmp, staging)
+    if not should_save:
         return None
-    save_model_files(trainer, tmp, weights=False)  # arguments and processing class
-    model = model_utils.unwrap(trainer.model)
-    weights = staging.snapshot("model", adapters.state_to_snapshot(model))
-    states = {}
-    if not args.save_only_model:
-        states[OPTIMIZER_NAME] = staging.snapshot("optimizer", trainer.optimizer.state_dict())
-        states[SCHEDULER_NAME] = copy.deepcopy(trainer.lr_scheduler.state_dict())
-        scaler = trainer.precision.state_dict()
-        if scaler is not None:
-            states[SCALER_NAME] = copy.deepcopy(scaler)
 
     def write() -> None:
-        save_model_weights(model, tmp, state_dict=weights)
-        for name, state in states.items():
-            torch_save(state, os.path.join(tmp, name))
+        for piece, state in later:
+            (piece.write or _write_file)(owner, piece, state, tmp)
 
     return write
 
 
-def save_model(trainer: TrainerHooks, output_dir: str | None, internal_call: bool) -> None:
+def _stage(owner: Owner, piece: Piece, state: Any, tmp: str, staging: HostStaging) -> list[tuple[Piece, Any]]:
+    """Write ``piece`` now (``Staging.NOW``), or its copy later: ``[(piece, copy)]``."""
+    if piece.staged is Staging.NOW:
+        (piece.write or _write_file)(owner, piece, state, tmp)
+        return []
+    if state is None:  # nothing to save (no scaler without fp16)
+        return []
+    return [(piece, staging.snapshot(piece.name, state) if piece.staged is Staging.HOST else copy.deepcopy(state))]
+
+
+def save_model(owner: Owner, output_dir: str | None, internal_call: bool) -> None:
     """``save_model``: the full weights, gathered from every process first by a sharding engine (a collective there).
 
     A checkpoint whose engine keeps the model in its own state (sharded FSDP checkpoints, ZeRO-3) skips the
     gathering: the model is written with the optimizer (``_save_optimizer_and_scheduler``); only the arguments and
     processing class come here.
     """
-    engine, model = trainer.runtime.engine, trainer.model_wrapped
-    if internal_call and engine.checkpoint_keeps_model(model, trainer.args.save_only_model):
-        if trainer.args.should_save:
-            save_model_files(trainer, output_dir or trainer.args.output_dir, weights=False)
+    engine, model = owner.runtime.engine, owner.model_wrapped
+    if internal_call and engine.checkpoint_keeps_model(model, owner.args.save_only_model):
+        if owner.args.should_save:
+            save_model_files(owner, output_dir or owner.args.output_dir, weights=False)
         return
     state_dict = engine.full_state_dict(model)
     if state_dict is None:
-        trainer._save(output_dir)  # the model's own state_dict, read where it is written
+        owner._save(output_dir)  # the model's own state_dict, read where it is written
     else:
-        trainer._save(output_dir, state_dict=state_dict)
+        owner._save(output_dir, state_dict=state_dict)
 
 
-def save_model_files(
-    trainer: TrainerHooks, output_dir: str, state_dict: dict | None = None, weights: bool = True
-) -> None:
+def save_model_files(owner: Owner, output_dir: str, state_dict: dict | None = None, weights: bool = True) -> None:
     """The model (safetensors, or ``save_pretrained``), the processing class and ``training_args.json``."""
     os.makedirs(output_dir, exist_ok=True)
     before = set(os.listdir(output_dir))
     if weights:
-        save_model_weights(model_utils.unwrap(trainer.model), output_dir, state_dict=state_dict)
-    processing = trainer.processing_class or getattr(trainer.data_collator, "tokenizer", None)
+        save_model_weights(model_utils.unwrap(owner.model), output_dir, state_dict=state_dict)
+    processing = owner.processing_class or getattr(owner.data_collator, "tokenizer", None)
     if processing is not None and hasattr(processing, "save_pretrained"):
         processing.save_pretrained(output_dir)
-    write_json(trainer.args.to_dict(), os.path.join(output_dir, TRAINING_ARGS_NAME))
+    write_json(owner.args.to_dict(), os.path.join(output_dir, TRAINING_ARGS_NAME))
     recorder = filehash.recording_for(os.path.join(output_dir, TRAINING_ARGS_NAME))
-    if recorder is not None and trainer.runtime.num_processes == 1:
+    if recorder is not None and owner.runtime.num_processes == 1:
         # A checkpoint's model files (written by safetensors or save_pretrained, not through trainwell's writers)
         # are read back for the manifest while the optimizer is written. Alone here: no other process writes.
         written = sorted(set(os.listdir(output_dir)) - before)
         recorder.hash_soon([Path(output_dir) / n for n in written if os.path.isfile(os.path.join(output_dir, n))])
 
 
-def save_optimizer_and_scheduler(trainer: TrainerHooks, directory: str) -> None:
+def save_optimizer_and_scheduler(owner: Owner, directory: str) -> None:
     """The optimizer (in the engine's own state where it keeps one: shards, DeepSpeed's checkpoint, with the model
-    where the checkpoint keeps it there) and the scheduler."""
-    should_save = trainer.args.should_save
-    own = trainer.runtime.engine.save_state(trainer.model_wrapped, trainer.optimizer, directory)  # every process
-    if not own and should_save:
-        torch_save(trainer.optimizer.state_dict(), piece_file(directory, "optimizer"))
-    if should_save:
-        torch_save(trainer.lr_scheduler.state_dict(), piece_file(directory, "scheduler"))
+    where the checkpoint keeps it there) and the scheduler, each by its row."""
+    own = owner.runtime.engine.save_state(owner.model_wrapped, owner.optimizer, directory)  # every process
+    if owner.args.should_save:
+        for name in (("scheduler",) if own else ("optimizer", "scheduler")):
+            _write_row(owner, name, directory)
 
 
-def save_scaler(trainer: TrainerHooks, directory: str) -> None:
-    state = trainer.precision.state_dict()
-    if state is not None and trainer.args.should_save:
-        torch_save(state, piece_file(directory, "scaler"))
+def save_scaler(owner: Owner, directory: str) -> None:
+    if owner.args.should_save:
+        _write_row(owner, "scaler", directory)
 
 
-def save_rng_and_data_position(trainer: TrainerHooks, directory: str) -> None:
-    """Every process's RNG states and the state of the loop's parts (the pieces its providers give the run's
-    checkpointer: the epoch's loader seed, the pending batch, the log window, a stateful dataset's position).
-    Every process calls it (a provider may be a collective: the log window's mean over processes).
+def _write_row(owner: Owner, name: str, directory: str) -> None:
+    piece = PIECES[name]
+    state = piece.state(owner)  # type: ignore[misc]  (the rows written here have one)
+    if state is not None:
+        (piece.write or _write_file)(owner, piece, state, directory)
+
+
+def save_rng_and_data_position(owner: Owner, directory: str, provided: list[tuple[Piece, Any]]) -> None:
+    """Every process's RNG states and the state of the loop's parts (``provided``: the states its providers gave
+    for the rows ``_save_rng_state`` writes: the epoch's loader seed, the pending batch, the log window, a stateful
+    dataset's position). Every process calls it.
 
     With several processes they are gathered, and the writers (``args.should_save``) write all of them: only writers
     touch a checkpoint folder (no two processes write one file), the folder is complete on a disk the others cannot
     see, and each node's copy with ``save_on_each_node`` holds every process's state, so a restart that numbers the
     nodes differently (torchrun's c10d rendezvous does) still finds its files.
     """
-    files: dict[str, Any] = {"rng": get_rng_state()}  # before any provider runs: the generators as they stand
-    for piece, state in trainer.checkpointer.provided("_save_rng_state"):
+    files: dict[str, Any] = {"rng": get_rng_state()}  # taken before the providers' states: the generators as they are
+    for piece, state in provided:
         if piece.entry is not None:
             files["rng"][piece.entry] = state
         else:
             files[piece.name] = state
-    runtime = trainer.runtime
+    runtime = owner.runtime
     if runtime.num_processes == 1:
         everyone = [files]
     else:
         everyone = runtime.all_gather_object(files)  # a few KiB per process
-        if not trainer.args.should_save:
+        if not owner.args.should_save:
             return
     for rank, pieces in enumerate(everyone):
         for name, value in pieces.items():
             torch_save(value, piece_file(directory, name, rank, runtime.num_processes))
-
-
-# ----------------------------------------------------------------------------------------------- loading
-def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
-    """The checkpoint's weights (shards or full) into ``model`` (sharded or not, a DeepSpeed engine): read by the
-    checkpoint's form, whichever engine runs."""
-    owner = engines.state_owner(checkpoint)
-    if owner is not None and not _has_full_weights(checkpoint):
-        owner.load_own_weights(model, checkpoint)  # only in the engine's own state (ZeRO-3)
-        return
-    model = model_utils.unwrap(model)  # a compiled model's weights are its original module's
-    if model_utils.is_peft_model(model) and not _has_full_weights(checkpoint):
-        adapters.load_adapters(model, checkpoint, strict=strict)  # the reference's checkpoints hold adapters only
-    elif sharded.has_shards(checkpoint, sharded.MODEL_DIR):
-        sharded.load_model_shards(model, checkpoint)
-    elif sharded.is_sharded(model):
-        sharded.load_full_state(model, read_model_weights(checkpoint))
-    else:
-        load_model_weights(model, checkpoint, strict=strict)
-
-
-def _has_full_weights(checkpoint: str) -> bool:
-    path = Path(checkpoint)
-    return any((path / name).is_file() for name in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, LEGACY_WEIGHTS_NAME))
-
-
-def load_optimizer_and_scheduler(trainer: TrainerHooks, checkpoint: str) -> None:
-    """Restore the optimizer and scheduler states (after the optimizer was prepared)."""
-    optimizer_file, scheduler_file = piece_file(checkpoint, "optimizer"), piece_file(checkpoint, "scheduler")
-    engine = trainer.runtime.engine
-    engines.check_checkpoint_engine(engine, checkpoint)  # a DeepSpeed checkpoint resumes under DeepSpeed only
-    group_map, saved_groups = None, 0  # how the saved optimizer groups map onto this run's (plain files only)
-    # The engine's own state first (shards, DeepSpeed's checkpoint), else the optimizer's full state_dict
-    if not engine.load_state(trainer.model_wrapped, trainer.optimizer, checkpoint, optimizer_file):
-        if not optimizer_file.is_file():
-            logger.warning(
-                "%s has no %s (saved with save_only_model?): the optimizer starts fresh, so training will not "
-                "continue exactly where it stopped.", checkpoint, OPTIMIZER_NAME,
-            )  # fmt: skip
-            return
-        group_map, saved_groups = _load_full_optimizer_state(trainer, checkpoint, optimizer_file)
-    if scheduler_file.is_file():
-        scheduler_state = safe_torch_load(scheduler_file)
-        if isinstance(scheduler_state, dict):
-            scheduler_state = align_scheduler_state(scheduler_state, group_map, saved_groups)
-        trainer.lr_scheduler.load_state_dict(scheduler_state)
-
-
-def _load_full_optimizer_state(trainer: TrainerHooks, checkpoint: str, file: Path) -> tuple[list[int] | None, int]:
-    """``optimizer.pt`` into the optimizer, its groups aligned with this run's and checked first; returns how the
-    saved groups map onto this run's and how many were saved (for the scheduler's per-group lists)."""
-    saved = safe_torch_load(file, map_location=trainer.runtime.device)
-    inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-    model = model_utils.unwrap(trainer.model)
-    aligned, group_map = align_optimizer_state(saved, inner, model)
-    names = {id(p): n for n, p in model.named_parameters()}
-    check_optimizer_state(aligned, inner, names, str(file), _saved_argument(checkpoint, "optim"))
-    trainer.optimizer.load_state_dict(aligned)
-    return group_map, len(saved["param_groups"])
-
-
-def _saved_argument(checkpoint: str, name: str) -> Any:
-    """One value of the ``training_args.json`` of the run that wrote ``checkpoint`` (None when unknown)."""
-    try:
-        saved = json.loads((Path(checkpoint) / TRAINING_ARGS_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return saved.get(name) if isinstance(saved, dict) else None
-
-
-def load_scaler(trainer: TrainerHooks, checkpoint: str) -> None:
-    file = piece_file(checkpoint, "scaler")
-    if trainer.precision.can_skip_steps and file.is_file():
-        trainer.precision.load_state_dict(safe_torch_load(file))
-
-
-def load_rng_state(trainer: TrainerHooks, checkpoint: str) -> None:
-    """Restore this process's RNG states; a checkpoint without them (or from another world size) warns. The file
-    is the one the run's checkpointer read (once per resume)."""
-    saved = trainer.checkpointer.saved_rng(checkpoint)
-    if saved is None:
-        logger.warning(
-            "%s has no RNG state for process %d: random draws (dropout, augmentation) after resume will differ "
-            "from the uninterrupted run.", checkpoint, trainer.runtime.process_index,
-        )  # fmt: skip
-        return
-    set_rng_state(saved)
-
-
-def load_callback_state(trainer: TrainerHooks) -> None:
-    """Rebuild the stateful callbacks (and ``TrainerControl``) from ``state.stateful_callbacks``.
-
-    Each attached callback whose class name was stored is replaced, in place, by ``type(cb).from_state(...)``
-    (several instances of a class are matched in order). Stored classes that are not attached are named in a
-    warning and ignored: the checkpoint never decides which code runs.
-    """
-    from trainwell.state import ExportableState, TrainerControl
-
-    stored = trainer.state.stateful_callbacks or {}
-    callbacks = trainer.callback_handler.callbacks
-    missing = []
-    for name, data in stored.items():
-        states = data if isinstance(data, list) else [data]
-        if name == type(trainer.control).__name__:
-            trainer.control = TrainerControl.from_state(states[0])
-            continue
-        positions = [i for i, cb in enumerate(callbacks)
-                     if type(cb).__name__ == name and isinstance(cb, ExportableState)]
-        if not positions:
-            missing.append(name)
-        for position, callback_state in zip(positions, states):
-            callbacks[position] = type(callbacks[position]).from_state(callback_state)
-    if missing:
-        logger.warning(
-            "The checkpoint stores states of callbacks that are not attached to this Trainer, ignored: %s",
-            ", ".join(missing),
-        )

@@ -3,6 +3,11 @@
 Owns: model weights in safetensors (shared and tied tensors included), ``transformers``-style
 ``save_pretrained`` when the model has it, loading that never unpickles code (``weights_only=True``), fsync,
 and the atomic publish of a checkpoint folder (write into a temporary sibling, then one rename).
+
+Reading treats every file as hostile (``trainwell.utils.safe_files``): :class:`CheckpointFiles` lists a checkpoint
+folder once (its regular files and sizes, and what else is there: links, FIFOs, devices, which nothing reads), and
+reads and parses each of its JSON files once, bounded; the torch files are opened as regular files, never through
+a link, and loaded weights-only; weights of another dtype than the model's are named in a warning.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import logging
 import os
 import pickle
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -30,18 +37,26 @@ from trainwell.checkpoint.layout import (
 )
 from trainwell.utils.filehash import open_for_write
 from trainwell.utils.model import is_peft_model
+from trainwell.utils.safe_files import kind_of, not_regular, open_regular, read_json
 
 logger = logging.getLogger(__name__)
 
 
-def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
-    """``torch.load`` restricted to tensors and plain containers: a crafted pickle cannot run code."""
+#: the most bytes read of a checkpoint's JSON files (arguments, index, manifest); ``trainer_state.json`` may be larger
+JSON_LIMIT = 64 << 20
+_STATE_LIMIT = 1 << 30
+
+
+def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu", root: str | os.PathLike | None = None) -> Any:
+    """``torch.load`` restricted to tensors and plain containers: a crafted pickle cannot run code. The file must be
+    a regular file (never a link, a FIFO or a device; with ``root``, inside it: ``trainwell.utils.safe_files``)."""
     # A multi-process CPU run has device ``cpu:0``, which torch.load cannot map storages to: use plain "cpu".
     if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
         if torch.device(map_location).type == "cpu":
             map_location = "cpu"
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with open_regular(path, root) as fh:
+            return torch.load(fh, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         raise pickle.UnpicklingError(
             f"Refusing to load {path}: it holds objects other than tensors and plain containers, and unpickling "
@@ -50,6 +65,78 @@ def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
         ) from err
     except (RuntimeError, EOFError) as err:
         raise RuntimeError(f"{path} is corrupted or not a torch file ({type(err).__name__}: {err})") from err
+
+
+def load_rng_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read an RNG state file with ``weights_only=True``, also accepting the reference Trainer's files.
+
+    The reference pickles numpy's state as an ``ndarray``; building one needs exactly three numpy globals
+    (``ndarray``, ``dtype``, ``_reconstruct``), allowed here for this file only. Nothing else is, so a crafted
+    file still cannot name a function to call. ValueError naming the file when it does not hold a dictionary.
+    """
+    allowed: list[Any] = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    allowed.append(_reconstruct)
+    with torch.serialization.safe_globals(allowed):
+        saved = safe_torch_load(path, map_location="cpu")
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path} holds a {type(saved).__name__}, not the dictionary of RNG states trainwell and the "
+                         "reference write. Delete it to resume without the RNG states (random draws then differ).")
+    return saved
+
+
+class CheckpointFiles:
+    """A checkpoint folder, listed once: its regular files (relative POSIX names, with their sizes, subfolders
+    included), the other entries (links, FIFOs, devices: :attr:`others`, which nothing reads), and its JSON files,
+    each read (bounded, as a regular file inside the folder) and parsed once, whoever asks."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.sizes: dict[str, int] = {}
+        self.others: dict[str, str] = {}  #: name -> what it is ("a symbolic link", "a FIFO", ...)
+        self._parsed: dict[str, Any] = {}
+        if self.path.is_dir():
+            self._scan(self.path, "")
+
+    def _scan(self, folder: Path, prefix: str) -> None:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                name, mode = prefix + entry.name, entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(mode.st_mode):
+                    self._scan(Path(entry.path), f"{name}/")
+                elif stat.S_ISREG(mode.st_mode):
+                    self.sizes[name] = mode.st_size
+                else:
+                    self.others[name] = kind_of(mode.st_mode)
+
+    def has(self, name: str) -> bool:
+        """Whether ``name`` is a regular file of the folder."""
+        return name in self.sizes
+
+    def json(self, name: str) -> Any:
+        """The parsed content of the JSON file ``name``; ValueError (or OSError) naming it, the same each time."""
+        if name not in self._parsed:
+            limit = _STATE_LIMIT if name == "trainer_state.json" else JSON_LIMIT
+            try:
+                if name in self.others:
+                    raise not_regular(self.path / name, self.others[name])
+                self._parsed[name] = read_json(self.path / name, limit, root=self.path)
+            except (OSError, ValueError) as err:
+                self._parsed[name] = err
+        value = self._parsed[name]
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    def json_or_none(self, name: str) -> Any:
+        """:meth:`json`, or None when the file is missing or unreadable (for optional facts: the run's arguments)."""
+        try:
+            return self.json(name) if self.has(name) else None
+        except (OSError, ValueError):
+            return None
 
 
 class CheckpointWriteError(OSError):
@@ -190,9 +277,12 @@ def _dedupe(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def load_model_weights(model: nn.Module, directory: str | os.PathLike, strict: bool = True) -> None:
     """Load weights saved by :func:`save_model_weights` (or by the reference Trainer) into ``model``.
 
-    Missing or unexpected keys raise when ``strict`` (naming them), and are warned about otherwise.
+    Missing or unexpected keys raise when ``strict`` (naming them), and are warned about otherwise. Weights of
+    another dtype than the model's are cast, as the reference casts them, but named in a warning (the reference
+    says nothing): a float16 checkpoint resumed into a float32 model has lost precision already.
     """
     state = read_model_weights(directory)
+    warn_other_dtypes(model, state, directory)
     result = model.load_state_dict(state, strict=False)
     # Tied weights saved once come back through the tie; they are not really missing.
     missing = [k for k in result.missing_keys if not _is_tied_alias(model, k, state)]
@@ -206,25 +296,66 @@ def load_model_weights(model: nn.Module, directory: str | os.PathLike, strict: b
         logger.warning(message)
 
 
+def warn_other_dtypes(model: nn.Module, state: dict[str, torch.Tensor], source: str | os.PathLike) -> None:
+    """Warn, naming ``source`` and the dtypes, when tensors of ``state`` differ in dtype from the model's."""
+    own = model.state_dict()
+    differ: dict[tuple[str, str], list[str]] = {}
+    for key, tensor in state.items():
+        mine = own.get(key)
+        if isinstance(tensor, torch.Tensor) and mine is not None and mine.dtype != tensor.dtype:
+            differ.setdefault((_dtype(tensor), _dtype(mine)), []).append(key)
+    for (saved, wanted), keys in differ.items():
+        keys = sorted(keys)
+        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        logger.warning("The weights in %s hold %s where the model has %s (%s): they are cast to %s as they load. "
+                       "Resume with the dtype that wrote them to continue exactly.", source, saved, wanted, shown,
+                       wanted)
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).replace("torch.", "")
+
+
 def read_model_weights(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The full weights in ``directory``: ``model.safetensors``, its sharded index, or ``pytorch_model.bin``."""
+    """The full weights in ``directory``: ``model.safetensors``, its sharded index, or ``pytorch_model.bin``; each
+    file read only as a regular file of the folder (an index naming a file outside it is refused)."""
     directory = Path(directory)
     from safetensors.torch import load_file
 
-    if (directory / WEIGHTS_NAME).is_file():
-        state = load_file(str(directory / WEIGHTS_NAME))
-    elif (directory / WEIGHTS_INDEX_NAME).is_file():
-        index = json.loads((directory / WEIGHTS_INDEX_NAME).read_text())
+    if os.path.lexists(directory / WEIGHTS_NAME):  # a link is there too, to be refused by name
+        return load_file(regular_path(directory / WEIGHTS_NAME, directory))
+    if os.path.lexists(directory / WEIGHTS_INDEX_NAME):
         state = {}
-        for shard in sorted(set(index["weight_map"].values())):
-            state.update(load_file(str(directory / shard)))
-    elif (directory / LEGACY_WEIGHTS_NAME).is_file():
-        state = safe_torch_load(directory / LEGACY_WEIGHTS_NAME)
-    else:
-        raise FileNotFoundError(
-            f"No model weights in {directory}: expected {WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} or {LEGACY_WEIGHTS_NAME}."
-        )
-    return state
+        for shard in index_shards(read_json(directory / WEIGHTS_INDEX_NAME, JSON_LIMIT, root=directory),
+                                  directory / WEIGHTS_INDEX_NAME):
+            state.update(load_file(regular_path(directory / shard, directory)))
+        return state
+    if os.path.lexists(directory / LEGACY_WEIGHTS_NAME):
+        return safe_torch_load(directory / LEGACY_WEIGHTS_NAME, root=directory)
+    raise FileNotFoundError(
+        f"No model weights in {directory}: expected {WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} or {LEGACY_WEIGHTS_NAME}."
+    )
+
+
+def index_shards(index: Any, shown: str | os.PathLike) -> list[str]:
+    """The shard files a ``model.safetensors.index.json`` (parsed) names, sorted; ValueError naming ``shown``
+    when it is not an index or names a file outside its folder."""
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{shown} is not a weights index: it needs a 'weight_map' object of parameter -> file.")
+    shards = sorted(set(weight_map.values()))
+    outside = [name for name in shards if not name or "/" in name or "\\" in name or name in (".", "..")]
+    if outside:
+        raise ValueError(f"{shown} names {outside[0]!r}, not a file of its folder: an index lists shard files beside "
+                         "it only.")
+    return shards
+
+
+def regular_path(path: Path, root: Path) -> str:
+    """``path`` as a string for a loader that opens it by name, once it is known to be a regular file inside
+    ``root`` (checked through a descriptor opened without following links)."""
+    with open_regular(path, root):
+        return str(path)
 
 
 def _is_tied_alias(model: nn.Module, key: str, loaded: dict[str, torch.Tensor]) -> bool:
@@ -236,6 +367,16 @@ def _is_tied_alias(model: nn.Module, key: str, loaded: dict[str, torch.Tensor]) 
     return any(
         name in loaded and other.data_ptr() == target.data_ptr() for name, other in params.items() if name != key
     )
+
+
+def remove_entry(path: Path) -> None:
+    """Remove ``path`` if it is there: a folder with what it holds, a link or a file as the entry itself (what a link
+    points to is never touched)."""
+    if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class AtomicDirectory:
@@ -251,7 +392,14 @@ class AtomicDirectory:
         self.tmp = self.final.parent / f"{TMP_PREFIX}{self.final.name}"
 
     def create(self) -> Path:
-        if self.tmp.exists():
+        """The temporary folder, empty. Whatever holds its name (left by an interrupted save, or planted there) is
+        removed first: a folder with what it holds, a link or a file as the entry itself (what a link points to is
+        never touched)."""
+        if self.tmp.is_symlink() or (os.path.lexists(self.tmp) and not self.tmp.is_dir()):
+            logger.warning("Removing %s, %s where trainwell writes a checkpoint before publishing it.", self.tmp,
+                           kind_of(os.lstat(self.tmp).st_mode))
+            self.tmp.unlink()
+        elif self.tmp.exists():
             shutil.rmtree(self.tmp)
         self.tmp.mkdir(parents=True)
         return self.tmp
@@ -259,12 +407,12 @@ class AtomicDirectory:
     def publish(self) -> Path:
         """Rename the finished temporary folder into place, replacing an older folder of the same name."""
         fsync_dir(self.tmp)
-        if self.final.exists():
+        if os.path.lexists(self.final):
             trash = self.final.parent / f"{TMP_PREFIX}{self.final.name}.old"
-            shutil.rmtree(trash, ignore_errors=True)
+            remove_entry(trash)
             os.rename(self.final, trash)
             os.rename(self.tmp, self.final)
-            shutil.rmtree(trash, ignore_errors=True)
+            remove_entry(trash)
         else:
             os.rename(self.tmp, self.final)
         fsync_dir(self.final.parent)

@@ -55,11 +55,16 @@ def checkpoint_step(path: str | os.PathLike) -> int | None:
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     """Every ``checkpoint-N`` folder in ``output_dir``, oldest step first (complete or not)."""
+    return [path for _, path in checkpoints(output_dir)]
+
+
+def checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every ``checkpoint-N`` folder in ``output_dir``, oldest step first."""
     root = Path(output_dir)
     if not root.is_dir():
         return []
-    found = [(checkpoint_step(p), p) for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
-    return [p for _, p in sorted(found)]
+    found = [(match, p) for p in root.iterdir() if (match := _CHECKPOINT_RE.match(p.name)) and p.is_dir()]
+    return sorted((int(match.group(1)), p) for match, p in found)
 
 
 def checkpoints_to_delete(
@@ -108,5 +113,9 @@ def clean_temporary(output_dir: str | os.PathLike) -> None:
     root = Path(output_dir)
     if root.is_dir():
         for path in root.iterdir():
-            if path.is_dir() and path.name.startswith(TMP_PREFIX + PREFIX_CHECKPOINT_DIR):
+            if not path.name.startswith(TMP_PREFIX + PREFIX_CHECKPOINT_DIR):
+                continue
+            if path.is_symlink() or not path.is_dir():  # a link holding the name: the link goes, never its target
+                path.unlink(missing_ok=True)
+            else:
                 shutil.rmtree(path, ignore_errors=True)

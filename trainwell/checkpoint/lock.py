@@ -14,6 +14,11 @@ error naming the holder.
 - A file system that cannot lock (some network mounts) gets one warning, and the run goes on unlocked.
 - The file is removed when ``train()`` ends. Removing a locked file is safe only if every taker checks, once it
   holds the lock, that the path still names the file it locked; :func:`_lock_file` does.
+- Only runs that write into ``output_dir`` lock it (:func:`writes`): a run with ``save_strategy="no"`` trains in a
+  folder it cannot write to, as with the reference.
+- The lock file is opened without following a link and without blocking (``O_NOFOLLOW | O_NONBLOCK``) and used only
+  when it is a regular file: a link planted under its name is never written through (the file it points to is
+  never truncated), and a FIFO, a folder or a device there is an error naming it, not a hang.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ import json
 import logging
 import os
 import socket
+import stat
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from typing import Any
 
 try:
     import fcntl
@@ -48,26 +55,38 @@ class OutputDirInUseError(RuntimeError):
     """Another live process holds the lock of this ``output_dir``."""
 
 
-def prepare(output_dir: str, should_save: bool, is_world_zero: bool) -> None:
+class UnusableLockError(RuntimeError):
+    """The lock file's name holds something that is not a regular file (a link, a FIFO, a folder, a device)."""
+
+
+def writes(args: Any) -> bool:
+    """Whether a run with ``args`` writes into ``output_dir`` while it trains (checkpoints, a preemption save, Hub
+    pushes): only those take the lock."""
+    return args.save_strategy != "no" or bool(args.enable_jit_checkpoint) or bool(args.push_to_hub)
+
+
+def prepare(output_dir: str, should_save: bool, is_world_zero: bool, writes: bool = True) -> None:
     """At a Trainer's construction: create ``output_dir`` where this process saves (as the reference does), and
-    stop at once when another run trains into it (world process zero checks; it is the one that locks)."""
+    stop at once when another run trains into it (world process zero checks, in a run that ``writes``: the one
+    that locks)."""
     if should_save:
         _make_dir(output_dir)
-    if is_world_zero:
+    if is_world_zero and writes:
         check_free(output_dir)
 
 
 def check_free(output_dir: str) -> None:
-    """Raise :class:`OutputDirInUseError` when another process trains into ``output_dir`` now; otherwise nothing.
+    """Raise :class:`OutputDirInUseError` when another process trains into ``output_dir`` now, and
+    :class:`UnusableLockError` when the lock's name holds something else than a regular file; otherwise nothing.
 
     Reads only: nothing is created, so a read-only or missing folder passes (``train()`` says what is wrong then).
     """
     path = os.path.join(output_dir, LOCK_NAME)
-    if fcntl is None or _real(output_dir) in _held or not os.path.exists(path):
+    if fcntl is None or _real(output_dir) in _held or not os.path.lexists(path):
         return
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+        fd = _open_regular(path, output_dir, os.O_RDONLY)
+    except (PermissionError, FileNotFoundError):
         return
     try:
         if not _try_flock(fd, fcntl.LOCK_SH):
@@ -158,11 +177,37 @@ def _lock_file(output_dir: str) -> int | None:
 
 def _open_for_lock(path: str, output_dir: str) -> int:
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        return _open_regular(path, output_dir, os.O_RDWR | os.O_CREAT)
     except PermissionError as err:
         raise PermissionError(f"output_dir {output_dir!r} cannot be written ({err.strerror}): the run could save "
                               "nothing there. Pass an output_dir you can write to, or fix the folder's "
                               "permissions.") from None
+
+
+def _open_regular(path: str, output_dir: str, flags: int) -> int:
+    """``path`` opened with ``flags``, never through a link and never blocking; :class:`UnusableLockError` naming it
+    when it is not a regular file (nothing was read from it or written to it)."""
+    nofollow, nonblock = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags | nofollow | nonblock | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as err:
+        if err.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EMLINK):
+            raise
+        raise _unusable(path, output_dir, os.lstat(path).st_mode) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _unusable(path, output_dir, mode)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _unusable(path: str, output_dir: str, mode: int) -> UnusableLockError:
+    kind = "a symbolic link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else \
+        "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+    return UnusableLockError(
+        f"{path} is {kind}, where trainwell keeps the lock of output_dir {output_dir!r} (a small regular file it "
+        "creates and removes): it is neither followed nor written through. Remove it and train again.")
 
 
 def _make_dir(output_dir: str) -> None:

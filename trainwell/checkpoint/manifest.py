@@ -7,8 +7,10 @@ model's safetensors from ``save_pretrained`` and the tokenizer, are read back on
 says which file of a checkpoint no longer matches it.
 
 The manifest lists the files of the folder when it was published; files added later (a callback writing into
-``checkpoint-N/`` in ``on_save``) are not listed and not checked. A checkpoint without a manifest (written by the
-reference, or by an older trainwell) is not checked. The file itself is plain JSON::
+``checkpoint-N/`` in ``on_save``) are not listed and not checked. Whether a checkpoint must have a manifest (every
+one trainwell writes does; the reference's do not) is ``trainwell.checkpoint.resume``'s to say. Every listed file
+is read as a regular file of the folder (never through a link) and no further than its recorded size. The file
+itself is plain JSON::
 
     {"format": "trainwell-checkpoint-manifest", "version": 1, "checksum": "xxh3_64",
      "files": {"optimizer.pt": {"size": 1234, "xxh3_64": "0a1b2c3d4e5f6071"}, ...}}
@@ -18,12 +20,17 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from trainwell.utils.filehash import ALGORITHM, FileRecord, hash_file
+from trainwell.utils.filehash import ALGORITHM, FileRecord, hash_file, hash_stream
+from trainwell.utils.safe_files import UnsafeFileError, kind_of, open_regular, read_json
+
+#: the most bytes of a manifest read (about 100 bytes a file: a million files)
+LIMIT = 128 << 20
 
 MANIFEST_NAME = "checkpoint_manifest.json"
 FORMAT = "trainwell-checkpoint-manifest"
@@ -69,13 +76,22 @@ def write(folder: str | os.PathLike, records: Mapping[str, FileRecord]) -> None:
 
 
 def read(folder: str | os.PathLike) -> dict[str, FileRecord] | None:
-    """The records of ``folder``'s manifest; None when it has none. Raises ValueError when it is damaged."""
+    """The records of ``folder``'s manifest; None when it has none. Raises ValueError when it is damaged (not a
+    regular file, too large, nested too deeply, or not a manifest)."""
     path = Path(folder) / MANIFEST_NAME
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-        if content.get("format") != FORMAT or content.get("checksum") != ALGORITHM:
+        return records_of(read_json(path, LIMIT, root=folder))
+    except (OSError, ValueError) as err:
+        shown = str(err).replace(f"{path} ", "", 1)  # the file is named once, by this message
+        raise ValueError(f"{MANIFEST_NAME} is damaged ({shown})") from err
+
+
+def records_of(content: Any) -> dict[str, FileRecord]:
+    """The records of a parsed manifest; ValueError saying what is wrong with it."""
+    try:
+        if not isinstance(content, dict) or content.get("format") != FORMAT or content.get("checksum") != ALGORITHM:
             raise ValueError(f"not a {FORMAT} with {ALGORITHM} checksums")
         records = {}
         for name, entry in content["files"].items():
@@ -85,33 +101,43 @@ def read(folder: str | os.PathLike) -> dict[str, FileRecord] | None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not 0 <= digest < 2**64:
                 raise ValueError(f"the entry of {name} is not a size and a checksum")
             records[name] = FileRecord(size, digest)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
-        raise ValueError(f"{MANIFEST_NAME} is damaged ({err})") from err
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        raise ValueError(str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}") from err
     return records
 
 
 def problem(folder: str | os.PathLike, checksums: bool = True,
-            may_be_missing: Callable[[str], bool] = lambda name: False) -> str | None:
+            may_be_missing: Callable[[str], bool] = lambda name: False,
+            records: Mapping[str, FileRecord] | None = None) -> str | None:
     """Why the files of checkpoint ``folder`` differ from its manifest, or None when they match (or there is no
     manifest). Sizes are always compared; with ``checksums`` every listed file is read and its checksum compared.
 
     A listed file that is gone is a problem unless ``may_be_missing(name)``: a piece a user may delete on purpose
-    (the optimizer state, to restart it) is left to the checkpoint's completeness checks.
+    (the optimizer state, to restart it) is left to the checkpoint's completeness checks. A listed name that is
+    not a regular file (a link, a FIFO) is a problem, and is never opened. ``records``: the manifest's, when the
+    caller parsed it already.
     """
     folder = Path(folder)
-    try:
-        records = read(folder)
-    except ValueError as err:
-        return str(err)
+    if records is None:
+        try:
+            records = read(folder)
+        except ValueError as err:
+            return str(err)
     if records is None:
         return None
     present = {}
     for name, expected in records.items():
         path = folder / name
-        if not path.is_file():
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = None
+        if mode is None:
             if may_be_missing(name):
                 continue
             return f"{name} is missing (the manifest lists it)"
+        if not stat.S_ISREG(mode):
+            return f"{name} is {kind_of(mode)}, not the regular file the manifest lists"
         present[name] = expected
         size = _size(path)
         if size != expected.size:
@@ -119,7 +145,12 @@ def problem(folder: str | os.PathLike, checksums: bool = True,
                     "replaced after the checkpoint was written")
     if checksums:
         for name, expected in present.items():
-            if hash_file(folder / name).digest != expected.digest:
+            try:
+                with open_regular(folder / name, folder) as fh:
+                    digest = hash_stream(fh, expected.size).digest
+            except (OSError, UnsafeFileError) as err:
+                return f"{name} cannot be read ({err})"
+            if digest != expected.digest:
                 return (f"{name} does not match its checksum in the manifest: its bytes changed after the "
                         "checkpoint was written (a damaged disk, a copy or sync tool, or an edit)")
     return None

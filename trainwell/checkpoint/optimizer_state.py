@@ -1,7 +1,11 @@
-"""Loading a saved optimizer state into an optimizer whose parameter groups are laid out differently.
+"""Loading a saved optimizer (and scheduler) state: laid out for this run's groups, and checked before it is loaded.
 
-Owns :func:`align_optimizer_state`. ``torch.optim.Optimizer.load_state_dict`` needs the same number of
-groups with the same number of parameters in each. Checkpoints do not always match trainwell's groups:
+Owns :func:`align_optimizer_state`, and the checks that stand between a saved state and a kernel:
+:func:`check_optimizer_state` (the structure, every tensor's shape and kind, ``step``, the entries each state needs,
+the optimizer's kind) and :func:`scheduler_state_problem`. They say what is wrong; the caller names the file.
+
+``torch.optim.Optimizer.load_state_dict`` needs the same number of groups with the same number of parameters in
+each. Checkpoints do not always match trainwell's groups:
 
 * the reference Trainer always builds two groups (weight decay / no weight decay) and keeps an empty one,
   where trainwell drops empty groups;
@@ -41,6 +45,9 @@ def align_optimizer_state(
     group(s) its parameters came from; merging saved groups whose hyper-parameters differ is refused, since
     one of them would be silently changed. Raises ValueError naming the group sizes when no layout fits.
     """
+    problem = _structure_problem(saved)
+    if problem is not None:
+        raise ValueError(f"is not an optimizer state: {problem}.")
     current = optimizer.param_groups
     if _group_sizes(saved["param_groups"]) == _group_sizes(current):
         return saved, None
@@ -58,6 +65,27 @@ def align_optimizer_state(
         if order is not None and _shapes_fit(saved, order):
             return _regroup(saved, optimizer, order)
     raise _mismatch(saved, current, "no known parameter order matches the saved moment shapes")
+
+
+def _structure_problem(saved: Any) -> str | None:
+    """What keeps ``saved`` from being a ``torch.optim.Optimizer.state_dict()``: ``{"state": {index: {key: value}},
+    "param_groups": [{"params": [index, ...], ...}]}``."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
+        return "it needs a 'state' dictionary"
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        return "its 'param_groups' is not a list of groups"
+    for number, group in enumerate(groups):
+        params = group.get("params")
+        if not isinstance(params, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in params):
+            return f"group {number}'s 'params' is not a list of parameter numbers"
+    indices = [i for g in groups for i in g["params"]]
+    if len(set(indices)) != len(indices):
+        return "a parameter number appears in two groups"
+    for index, entries in saved["state"].items():
+        if not isinstance(entries, dict) or not all(isinstance(k, str) for k in entries):
+            return f"the state of parameter #{index} is not a dictionary of named entries"
+    return None
 
 
 def _reference_order(model: nn.Module, params: list[torch.Tensor]) -> list[torch.Tensor] | None:
@@ -133,11 +161,8 @@ def align_scheduler_state(saved: dict[str, Any], group_map: list[int] | None, sa
 
 
 def _mismatch(saved: dict[str, Any], current: list[dict[str, Any]], why: str) -> ValueError:
-    return ValueError(
-        f"Cannot load the checkpoint's optimizer state: its parameter groups have sizes "
-        f"{_group_sizes(saved['param_groups'])}, the optimizer's {_group_sizes(current)} ({why}). Resume with "
-        "the same model and optimizer settings, or delete optimizer.pt to restart the optimizer from scratch."
-    )
+    return ValueError(f"cannot be loaded: its parameter groups have sizes {_group_sizes(saved['param_groups'])}, the "
+                      f"optimizer's {_group_sizes(current)} ({why}).")
 
 
 # State entries that torch's optimizers keep per parameter, in the parameter's shape (Adam, AdamW, NAdam, RAdam,
@@ -149,34 +174,63 @@ _BOOKKEEPING = frozenset({"params", "param_names", "initial_lr", "foreach", "max
                           "differentiable", "fused", "decoupled_weight_decay"})
 
 
+# The entries each parameter's state holds in torch's optimizers, once the optimizer stepped (more with options).
+_NEEDED: dict[str, tuple[str, ...]] = {"Adam": ("step", "exp_avg", "exp_avg_sq"), "AdamW": ("step", "exp_avg",
+                                       "exp_avg_sq"), "Adamax": ("step", "exp_avg", "exp_inf"), "NAdam": (
+                                       "step", "mu_product", "exp_avg", "exp_avg_sq"), "RAdam": ("step", "exp_avg",
+                                       "exp_avg_sq"), "Adagrad": ("step", "sum"), "Adadelta": ("step", "square_avg",
+                                       "acc_delta"), "RMSprop": ("step", "square_avg"), "Rprop": ("step", "prev",
+                                       "step_size"), "ASGD": ("step", "eta", "mu", "ax")}
+
+
 def check_optimizer_state(saved: dict[str, Any], optimizer: torch.optim.Optimizer, names: dict[int, str],
-                          file: str, saved_optim: str | None = None) -> None:
+                          saved_optim: str | None = None) -> None:
     """Refuse an optimizer state (already in ``optimizer``'s group layout) that does not fit the optimizer.
 
     Checked before anything is loaded, so no mismatched state reaches a (fused) kernel: the groups hold this
     optimizer's hyperparameters (not another kind's: AdamW's state under SGD), every state entry belongs to a
-    parameter, and every per-parameter tensor has its parameter's shape (the moments of torch's optimizers) and a
-    floating kind where its parameter has one. ``names`` maps ``id(parameter)`` to its name, for the message.
-    Raises ValueError naming ``file``, the first parameter that differs, and the fix.
+    parameter, every per-parameter tensor has its parameter's shape (the moments of torch's optimizers, scalars
+    included: a 0-dim ``exp_avg_sq`` for a matrix would overrun a fused kernel) and a floating kind where its
+    parameter has one, ``step`` is one finite, whole, non-negative number, and a parameter's state holds every entry
+    its optimizer reads (a missing ``exp_avg``). ``names`` maps ``id(parameter)`` to its name, for the message.
+    Raises ValueError saying what differs (the caller names the file and the fix).
     """
-    fix = f"Resume with the model and optimizer that wrote it, or delete {file} to start the optimizer from scratch."
-    _check_kind(saved, optimizer, file, saved_optim, fix)
+    _check_kind(saved, optimizer, saved_optim)
+    for number, (group, mine) in enumerate(zip(saved["param_groups"], optimizer.param_groups)):
+        problem = next((_setting_problem(key, group[key], value) for key, value in mine.items() if key in group
+                        and key not in _BOOKKEEPING and _setting_problem(key, group[key], value)), None)
+        if problem is not None:
+            raise ValueError(f"does not fit the optimizer: its parameter group {number} has {problem}.")
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    needed = _needed_entries(optimizer)
     for index, entries in saved.get("state", {}).items():
         if not isinstance(index, int) or not 0 <= index < len(params):
-            raise ValueError(f"{file} holds a state for parameter #{index}, but the optimizer has {len(params)} "
-                             f"parameters. {fix}")
+            raise ValueError(f"holds a state for parameter #{index}, but the optimizer has {len(params)} parameters.")
         param = params[index]
         name = names.get(id(param), f"#{index}")
-        for key, value in (entries or {}).items():
-            problem = _entry_problem(key, value, param)
-            if problem is not None:
-                raise ValueError(f"{file} does not fit the model: the state of parameter {name} "
-                                 f"{tuple(param.shape)} {str(param.dtype).replace('torch.', '')} has {problem}. {fix}")
+        problems = [_entry_problem(key, value, param) for key, value in (entries or {}).items()]
+        lacking = [key for key in needed.get(index, ()) if entries and key not in entries]
+        problems.append(f"no {lacking[0]} (which {type(optimizer).__name__} reads)" if lacking else None)
+        problem = next((p for p in problems if p is not None), None)
+        if problem is not None:
+            raise ValueError(f"does not fit the model: the state of parameter {name} {tuple(param.shape)} "
+                             f"{str(param.dtype).replace('torch.', '')} has {problem}.")
 
 
-def _check_kind(saved: dict[str, Any], optimizer: torch.optim.Optimizer, file: str, saved_optim: str | None,
-                fix: str) -> None:
+def _needed_entries(optimizer: torch.optim.Optimizer) -> dict[int, tuple[str, ...]]:
+    """For each parameter (by position), the entries its state holds once the optimizer stepped."""
+    needed, index = {}, 0
+    for group in optimizer.param_groups:
+        keys = _NEEDED.get(type(optimizer).__name__, ())
+        if keys and group.get("amsgrad"):
+            keys = (*keys, "max_exp_avg_sq")
+        for _ in group["params"]:
+            needed[index] = keys
+            index += 1
+    return needed
+
+
+def _check_kind(saved: dict[str, Any], optimizer: torch.optim.Optimizer, saved_optim: str | None) -> None:
     saved_keys = {k for g in saved.get("param_groups", []) for k in g} - _BOOKKEEPING
     current_keys = {k for g in optimizer.param_groups for k in g} - _BOOKKEEPING
     missing, extra = sorted(current_keys - saved_keys), sorted(saved_keys - current_keys)
@@ -184,21 +238,84 @@ def _check_kind(saved: dict[str, Any], optimizer: torch.optim.Optimizer, file: s
     if missing and extra:  # version skew adds or drops a setting; another optimizer does both
         written = f" (its run used optim={saved_optim!r})" if saved_optim else ""
         raise ValueError(
-            f"{file} was written by another kind of optimizer{written}: its state holds {state_keys or extra} and "
-            f"its groups {extra}, while {type(optimizer).__name__} needs {missing}. Pass the optim of the run that "
-            f"wrote the checkpoint, or delete {file} to start the new optimizer from scratch."
+            f"was written by another kind of optimizer{written}: its state holds {state_keys or extra} and its groups "
+            f"{extra}, while {type(optimizer).__name__} needs {missing}. Pass the optim of the run that wrote it."
         )
 
 
 def _entry_problem(key: str, value: Any, param: torch.Tensor) -> str | None:
-    if not isinstance(value, torch.Tensor) or key == "step" or value.dim() == 0:
-        return None
+    if key == "step":
+        return _step_problem(value)
+    if not isinstance(value, torch.Tensor):
+        return f"{key} of type {type(value).__name__}" if key in _PARAMETER_SHAPED and value is not None else None
     shape = tuple(value.shape)
     if key in _PARAMETER_SHAPED:
         if value.shape != param.shape:
             return f"{key} of shape {shape}"
         if param.is_floating_point() and not (value.is_floating_point() or value.is_complex()):
             return f"{key} of kind {str(value.dtype).replace('torch.', '')}"
-    elif value.dim() == param.dim() and value.numel() == param.numel() and value.shape != param.shape:
+    elif 0 < value.dim() == param.dim() and value.numel() == param.numel() and value.shape != param.shape:
         return f"{key} of shape {shape}"  # another optimizer's per-parameter state, laid out for another shape
     return None
+
+
+def _setting_problem(key: str, value: Any, mine: Any) -> str | None:
+    """A group's setting (``lr``, ``betas``, ``eps``...) of another kind than the optimizer's own, or not finite."""
+    if isinstance(mine, torch.Tensor):
+        mine = mine.item() if mine.numel() == 1 else None
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(mine, (int, float)) and not isinstance(mine, bool):
+        return None if _finite_number(value) else f"{key}={_short(value)} where a number is kept"
+    if isinstance(mine, tuple) and all(_finite_number(v) for v in mine):
+        if not isinstance(value, (tuple, list)) or len(value) != len(mine) or not all(_finite_number(v) for v in value):
+            return f"{key}={_short(value)} where {len(mine)} numbers are kept"
+    return None
+
+
+def _step_problem(value: Any) -> str | None:
+    """``step``: a number, or a tensor of one real value (torch keeps it as a 0-dim float tensor), whole, finite,
+    not negative."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            return f"step of shape {tuple(value.shape)} and kind {str(value.dtype).replace('torch.', '')}"
+        number = value.item()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = value
+    else:
+        return f"step of type {type(value).__name__}"
+    if not (number == number and abs(number) != float("inf")) or number < 0 or number != int(number):
+        return f"step={number!r} (a count of steps: a whole number, 0 or more)"
+    return None
+
+
+def scheduler_state_problem(saved: Any, scheduler: Any) -> str | None:
+    """What keeps ``saved`` from being loaded into ``scheduler``: not a dictionary, or an entry the scheduler has
+    of another kind (a number where it keeps a number, a list of as many values where it keeps a list, each a
+    finite number where its own are), ``last_epoch`` not a whole number from -1 up; None when it fits."""
+    if not isinstance(saved, dict):
+        return f"it holds a {type(saved).__name__}, not a scheduler's state dictionary"
+    own = scheduler.state_dict()
+    for key, mine in own.items():
+        if key not in saved:
+            continue
+        value = saved[key]
+        if isinstance(mine, (int, float)) and not isinstance(mine, bool):
+            if not _finite_number(value) or (isinstance(mine, int) and value != int(value)):
+                return f"{key}={value!r} where a {type(mine).__name__} is kept"
+        elif isinstance(mine, list) and all(_finite_number(v) for v in mine):
+            if not isinstance(value, list) or len(value) != len(mine) or not all(_finite_number(v) for v in value):
+                return f"{key}={_short(value)} where {len(mine)} numbers are kept (one per parameter group)"
+    if "last_epoch" in saved and saved["last_epoch"] < -1:
+        return f"last_epoch={saved['last_epoch']!r} (a step count: -1 or more)"
+    return None
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float(
+        "inf")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

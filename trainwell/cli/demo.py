@@ -12,7 +12,6 @@ anything, and leaves its files alone.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import time
@@ -184,10 +183,10 @@ def _finished_step(output_dir: str, checkpoint: str | None) -> int | None:
 def _state_step(folder: str) -> int | None:
     """The ``global_step`` in a folder's ``trainer_state.json`` (None when it cannot be read)."""
     from trainwell.checkpoint.layout import TRAINER_STATE_NAME
+    from trainwell.utils.safe_files import read_json
 
     try:
-        with open(os.path.join(folder, TRAINER_STATE_NAME)) as fh:
-            return int(json.load(fh)["global_step"])
+        return int(read_json(os.path.join(folder, TRAINER_STATE_NAME), 1 << 30, root=folder)["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

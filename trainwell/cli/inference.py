@@ -4,8 +4,12 @@ Owns finding what a run saved (a run's ``output_dir``, one of its ``checkpoint-N
 trained it), reading it back (``task.json``, the tokenizer, the model: a built-in rebuilt from the keyword
 arguments ``task.json`` records, or a ``transformers`` model from its ``config.json``), and predicting: labels
 with their probabilities for text classification, a continuation for a causal LM. Nothing is downloaded and no
-code from the folder runs (weights are read with safetensors). Reading input files and writing predictions
-belong to ``trainwell.cli.predict``; what a task is, to ``trainwell.cli.tasks``.
+code from the folder runs unless the caller trusts it (``trust_remote_code=True``, ``--trust-remote-code``: a
+custom ``transformers`` model or tokenizer class its config names); ``trust_remote_code=False`` is passed to
+``transformers`` explicitly, so it never asks on stdin. Weights are read with safetensors; ``task.json`` is read as
+a regular file of the folder (bounded) and every value in it checked, a built-in model rebuilt on the ``meta``
+device and matched with the weights file before any memory is allocated. Reading input files and writing
+predictions belong to ``trainwell.cli.predict``; what a task is, to ``trainwell.cli.tasks``.
 
 In Python::
 
@@ -17,10 +21,10 @@ In Python::
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,7 +56,7 @@ def run_folder(path: str | os.PathLike[str], newest_checkpoint: bool = False) ->
         raise CliError(f"{path!r}: no such folder (in {os.getcwd()}); {_NOT_A_RUN}.")
     if not os.path.isdir(path):
         raise CliError(f"{path!r} is a file, not a run folder; {_NOT_A_RUN}.")
-    if os.path.isfile(os.path.join(path, TASK_FILE)):
+    if os.path.lexists(os.path.join(path, TASK_FILE)):  # a link or a FIFO there is named when it is read
         return path
     if newest_checkpoint:
         from trainwell.checkpoint.resume import get_last_checkpoint
@@ -89,26 +93,42 @@ def _why_not_a_run(path: str) -> str:
     return f"{path} is not a trainwell run: it has no {TASK_FILE}; {_NOT_A_RUN}."
 
 
+_TASK_LIMIT = 16 << 20  # bytes of task.json read at most (its labels: a large label set fits)
+
+
 def read_task(folder: str) -> tuple[Task, dict[str, Any]]:
-    """``(Task, the whole task.json)``; ``CliError`` when the file is not one ``trainwell train`` wrote."""
+    """``(Task, the whole task.json)``; ``CliError`` naming the file and the value when it is not one
+    ``trainwell train`` wrote (not a regular file of the folder, not JSON, or a value of the wrong kind)."""
+    from trainwell.cli.tasks import parse_task
+    from trainwell.utils.safe_files import read_json
+
     file = os.path.join(folder, TASK_FILE)
     try:
-        with open(file, encoding="utf-8") as f:
-            saved = json.load(f)
-    except ValueError as err:
-        raise CliError(f"{file} is not valid JSON ({err}); {_NOT_A_RUN}.") from None
+        saved = read_json(file, _TASK_LIMIT, root=folder)
+    except (OSError, ValueError) as err:
+        raise CliError(f"{err}; {_NOT_A_RUN}.") from None
     if not isinstance(saved, dict) or saved.get("task") not in TASKS:
         found = saved.get("task") if isinstance(saved, dict) else saved
         raise CliError(f"{file}: task {found!r} is not one of {', '.join(TASKS)}; it was not written by "
                        "`trainwell train`.")
-    keys = ("text_column", "label_column", "max_length", "block_size")
-    task = Task(saved["task"], **{k: saved[k] for k in keys if saved.get(k) is not None})
-    if task.name == "text-classification" and not isinstance(saved.get("labels"), list):
-        raise CliError(f"{file}: a text-classification task.json needs its 'labels' (in id order).")
+    spec = {"name": saved["task"], **{k: saved[k] for k in TASKS[saved["task"]][0] if k != "name" and k in saved}}
+    try:
+        task = parse_task(spec)
+    except CliError as err:
+        raise CliError(f"{file}: {err}") from None
+    labels = saved.get("labels")
+    if task.name == "text-classification" and not (isinstance(labels, list) and labels and all(
+            isinstance(v, (str, int)) and not isinstance(v, bool) for v in labels)):
+        raise CliError(f"{file}: a text-classification task.json needs its 'labels' (in id order: a list of names or "
+                       f"numbers), not {labels!r:.80}.")
+    for key in ("pad_token_id", "eos_token_id"):
+        if saved.get(key) is not None and not (isinstance(saved[key], int) and not isinstance(saved[key], bool)
+                                               and saved[key] >= 0):
+            raise CliError(f"{file}: {key}={saved[key]!r:.80} is not a token id (a whole number, 0 or more).")
     return task, saved
 
 
-def _tokenizer(folder: str, saved: dict[str, Any]) -> TextTokenizer:
+def _tokenizer(folder: str, saved: dict[str, Any], trust_remote_code: bool) -> TextTokenizer:
     """The tokenizer saved beside the model: a transformers tokenizer folder when it wrote one (and transformers
     is installed), else its ``tokenizer.json``; the special ids the run used come from ``task.json``."""
     import importlib.util
@@ -117,7 +137,7 @@ def _tokenizer(folder: str, saved: dict[str, Any]) -> TextTokenizer:
         return ByteTokenizer()
     has_config = os.path.isfile(os.path.join(folder, "tokenizer_config.json"))
     if has_config and importlib.util.find_spec("transformers") is not None:
-        tokenizer = load_tokenizer(folder)
+        tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
     elif os.path.isfile(os.path.join(folder, "tokenizer.json")):
         tokenizer = load_tokenizer(os.path.join(folder, "tokenizer.json"))
     else:
@@ -130,35 +150,91 @@ def _tokenizer(folder: str, saved: dict[str, Any]) -> TextTokenizer:
     return tokenizer
 
 
-def _build_model(folder: str, task: Task, saved: dict[str, Any]) -> nn.Module:
+def _build_model(folder: str, task: Task, saved: dict[str, Any], trust_remote_code: bool) -> nn.Module:
     """The model ``task.json`` describes, with the folder's weights."""
     from trainwell.checkpoint.io import load_model_weights
     from trainwell.cli.models import BUILTINS
 
     note = saved.get("model")
     if isinstance(note, dict) and note.get("builtin") in BUILTINS:
-        model = BUILTINS[note["builtin"]][1](**(note.get("kwargs") or {}))
+        model = _builtin(folder, note)
         try:
             load_model_weights(model, folder)
-        except (FileNotFoundError, RuntimeError) as err:
+        except (OSError, ValueError, RuntimeError) as err:
             raise CliError(f"{folder}: cannot load the {note['builtin']} model's weights ({err}).") from None
         return model
     if os.path.isfile(os.path.join(folder, "config.json")):
-        return _transformers_model(folder, TASKS[task.name][1])
-    raise CliError(f"{folder}: the model came from the factory {note!r}, which trainwell cannot rebuild by itself; "
-                   "in Python, build it as the config does and pass it: load_trained(path, model=build_model()).")
+        return _transformers_model(folder, TASKS[task.name][1], trust_remote_code)
+    raise CliError(f"{folder}: the model came from the factory {note!r:.200}, which trainwell cannot rebuild by "
+                   "itself; in Python, build it as the config does and pass it: load_trained(path, "
+                   "model=build_model()).")
 
 
-def _transformers_model(folder: str, auto_class: str) -> nn.Module:
+def _builtin(folder: str, note: dict[str, Any]) -> nn.Module:
+    """A built-in model as ``task.json`` records it (``{"builtin": name, "kwargs": {...}}``): its keyword arguments
+    checked against the factory, the model built first on the ``meta`` device (no memory) and its parameters'
+    shapes matched with the weights file's header, so a crafted size is an error, not an allocation."""
+    from trainwell.cli.build import check_call
+    from trainwell.cli.models import BUILTINS
+
+    name, kwargs = note["builtin"], note.get("kwargs") or {}
+    factory, file = BUILTINS[name][1], os.path.join(folder, TASK_FILE)
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise CliError(f"{file}: model.kwargs={kwargs!r:.80} is not a mapping of keyword arguments.")
+    try:
+        check_call(factory, kwargs, "model", f"builtin {name}")
+        with torch.device("meta"):
+            shapes = {k: tuple(v.shape) for k, v in factory(**kwargs).state_dict().items()}
+    except CliError as err:
+        raise CliError(f"{file}: {err}") from None
+    except (TypeError, ValueError, RuntimeError, OverflowError) as err:
+        raise CliError(f"{file}: the {name} model cannot be built from {kwargs!r:.200} ({err}).") from None
+    saved = _weight_shapes(folder)
+    differ = sorted(k for k in shapes if k in saved and saved[k] != shapes[k])
+    if differ or not set(saved) <= set(shapes):
+        key = differ[0] if differ else sorted(set(saved) - set(shapes))[0]
+        raise CliError(f"{file}: its model ({name}, {kwargs!r:.200}) does not match the weights beside it: {key} is "
+                       f"{saved.get(key)} there, {shapes.get(key)} in that model. The folder's files do not belong "
+                       "together.")
+    return factory(**kwargs)
+
+
+def _weight_shapes(folder: str) -> dict[str, tuple[int, ...]]:
+    """The tensors' shapes in the folder's ``model.safetensors`` (its header only: nothing else is read)."""
+    from safetensors import safe_open
+
+    from trainwell.checkpoint.io import WEIGHTS_NAME, regular_path
+
+    path = os.path.join(folder, WEIGHTS_NAME)
+    try:
+        with safe_open(regular_path(Path(path), Path(folder)), framework="pt") as weights:
+            return {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118
+    except (OSError, ValueError) as err:
+        raise CliError(f"{folder}: cannot read {WEIGHTS_NAME} ({err}).") from None
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError for a damaged header
+        raise CliError(f"{folder}: {WEIGHTS_NAME} is not a safetensors file ({err}).") from None
+
+
+def _transformers_model(folder: str, auto_class: str, trust_remote_code: bool) -> nn.Module:
     try:
         import transformers
     except ImportError:
         raise ImportError(f"{folder} holds a transformers model: reading it needs transformers: pip install "
                           "transformers.") from None
     try:
-        return getattr(transformers, auto_class).from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError) as err:
-        raise CliError(f"{folder}: cannot load a {auto_class} from it ({err}).") from None
+        return getattr(transformers, auto_class).from_pretrained(folder, local_files_only=True,
+                                                                 trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as err:
+        said = " ".join(str(err).split())  # transformers' messages span lines: the error is one
+        raise CliError(f"{folder}: cannot load a {auto_class} from it ({said}){_remote_code_hint(err)}.") from None
+
+
+def _remote_code_hint(err: BaseException) -> str:
+    """What to do when the folder's config names code of its own (``auto_map``), which runs only when trusted."""
+    if "trust_remote_code" not in str(err):
+        return ""
+    return ("; its config names code of its own (auto_map), which trainwell runs only when you trust the folder: "
+            "pass --trust-remote-code (in Python, load_trained(path, trust_remote_code=True)) after reading that code")
 
 
 def _device(device: str) -> torch.device:
@@ -171,24 +247,27 @@ def _device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_trained(path: str | os.PathLike[str], model: nn.Module | None = None, device: str = "cpu") -> TrainedModel:
+def load_trained(path: str | os.PathLike[str], model: nn.Module | None = None, device: str = "cpu",
+                 trust_remote_code: bool = False) -> TrainedModel:
     """The model, tokenizer and task a ``trainwell train`` run with a ``task`` saved in ``path`` (its
     ``output_dir``, a ``checkpoint-N`` folder, or the config file that trained it), ready to ``predict``.
 
     ``model``: a module built as the run built it, for a model made by a factory (its weights are loaded from
     the folder); built-in and ``transformers`` models are rebuilt from what the folder holds. ``device``:
-    ``cpu``, ``cuda``, ``mps`` or ``auto`` (a GPU when there is one). Raises ``CliError`` for a folder that is
-    not such a run, its message saying what the folder is and what to pass instead.
+    ``cpu``, ``cuda``, ``mps`` or ``auto`` (a GPU when there is one). ``trust_remote_code``: let ``transformers``
+    run the code a folder's config names (a custom model or tokenizer class); off, such a folder is an error that
+    says so. Raises ``CliError`` for a folder that is not such a run, its message saying what the folder is and
+    what to pass instead.
     """
     folder = run_folder(path)
     task, saved = read_task(folder)
-    tokenizer = _tokenizer(folder, saved)
+    tokenizer = _tokenizer(folder, saved, trust_remote_code)
     if model is not None:
         from trainwell.checkpoint.io import load_model_weights
 
         load_model_weights(model, folder)
     else:
-        model = _build_model(folder, task, saved)
+        model = _build_model(folder, task, saved, trust_remote_code)
     target = _device(device)
     model.to(target).eval()
     return TrainedModel(task, model, tokenizer, saved.get("labels"), folder, target)
@@ -246,6 +325,9 @@ class TrainedModel:
         batch = {k: v.to(self.device) for k, v in batch.items()}
         probabilities = torch.softmax(_logits(self.model(**batch)).float(), dim=-1).cpu()
         labels = self.labels or list(range(probabilities.shape[-1]))
+        if len(labels) != probabilities.shape[-1]:
+            raise CliError(f"{self.path}: task.json names {len(labels)} labels, but the model scores "
+                           f"{probabilities.shape[-1]}: the folder's files do not belong together.")
         rows = []
         for text, row in zip(texts, probabilities.tolist()):
             best = max(range(len(row)), key=row.__getitem__)

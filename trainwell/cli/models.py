@@ -177,7 +177,8 @@ def transformers_model(spec: dict[str, Any], kind: str, auto_class: str, tokeniz
     auto = getattr(transformers, auto_class)
     try:
         if kind == "pretrained":
-            model = auto.from_pretrained(path, local_files_only=True, **config_kwargs)
+            # trust_remote_code=False, said: a folder naming code of its own is an error, never a question on stdin
+            model = auto.from_pretrained(path, local_files_only=True, trust_remote_code=False, **config_kwargs)
         else:
             model = auto.from_config(_config(transformers, path, tokenizer, config_kwargs))
     except (OSError, ValueError, KeyError) as err:

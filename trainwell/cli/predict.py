@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=None,
                         help="causal LM: sample among the k most probable tokens (default 40, or the task.json's)")
     parser.add_argument("--seed", type=int, default=0, help="causal LM: the seed of sampling")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="let transformers run the code the run folder's config names (a custom model or "
+                             "tokenizer class, its auto_map); off by default: no code from the folder runs")
     parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda", "mps"),
                         help="where the model runs (default cpu; auto: a GPU when present)")
 
@@ -63,7 +66,7 @@ def run(ns: argparse.Namespace) -> int:
     suggested = _generation_defaults(saved)
     temperature = ns.temperature if ns.temperature is not None else suggested.get("temperature", 0.0)
     top_k = ns.top_k if ns.top_k is not None else suggested.get("top_k", 40)
-    trained = load_trained(folder, device=ns.device)
+    trained = load_trained(folder, device=ns.device, trust_remote_code=ns.trust_remote_code)
     rows = trained.predict(texts, batch_size=ns.batch_size, max_new_tokens=ns.max_new_tokens,
                            temperature=temperature, top_k=top_k, seed=ns.seed)
     if ns.output is None:

@@ -139,18 +139,20 @@ def _parse_spec(spec: Any) -> dict[str, Any]:
     return spec
 
 
-def load_tokenizer(spec: Any) -> TextTokenizer:
+def load_tokenizer(spec: Any, trust_remote_code: bool = False) -> TextTokenizer:
     """The tokenizer a config names: a path, or ``{path, pad_token, eos_token}`` (tokens the file does not mark).
 
     Raises ``CliError`` when the path does not exist (saying where it looked), when the file is not a tokenizer,
-    or when the package it needs is missing (naming the ``pip install``).
+    or when the package it needs is missing (naming the ``pip install``). A ``transformers`` tokenizer folder whose
+    config names code of its own runs it only with ``trust_remote_code`` (passed to ``transformers`` explicitly:
+    never a question on stdin).
     """
     spec = _parse_spec(spec)
     given = spec["path"]
     path = str(given)
     if os.path.isdir(path):
         if importlib.util.find_spec("transformers") is not None:
-            tokenizer = _from_transformers(path)
+            tokenizer = _from_transformers(path, trust_remote_code)
         elif os.path.isfile(os.path.join(path, "tokenizer.json")):
             tokenizer = _from_file(os.path.join(path, "tokenizer.json"))
         else:
@@ -181,13 +183,17 @@ def _from_file(path: str) -> TextTokenizer:
     return TextTokenizer(backend, "tokenizers", path, pad, eos, backend.get_vocab_size(with_added_tokens=True))
 
 
-def _from_transformers(folder: str) -> TextTokenizer:
+def _from_transformers(folder: str, trust_remote_code: bool = False) -> TextTokenizer:
     from transformers import AutoTokenizer
 
     try:
-        backend = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        backend = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise CliError(f"tokenizer: cannot read a transformers tokenizer from the folder {folder} ({err}).") from None
+        hint = ("; its config names code of its own (auto_map), which runs only when trusted: pass "
+                "--trust-remote-code after reading it") if "trust_remote_code" in str(err) else ""
+        said = " ".join(str(err).split())  # transformers' messages span lines: the error is one
+        raise CliError(f"tokenizer: cannot read a transformers tokenizer from the folder {folder} ({said}){hint}.") \
+            from None
     pad, eos = backend.pad_token_id, backend.eos_token_id
     return TextTokenizer(backend, "transformers", folder, pad, eos, len(backend))
 

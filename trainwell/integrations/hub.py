@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import os
 import shutil
@@ -203,8 +202,10 @@ def copy_model_files(checkpoint: str, output_dir: str) -> None:
     for index in INDEX_FILES:
         path = os.path.join(checkpoint, index)
         if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                names += [index, *sorted(set(json.load(f)["weight_map"].values()))]
+            from trainwell.checkpoint.io import index_shards
+            from trainwell.utils.safe_files import read_json
+
+            names += [index, *index_shards(read_json(path, 64 << 20, root=checkpoint), path)]
     # a PEFT model's adapters other than "default" are in subfolders of their names (the reference leaves them out)
     for name, folder in saved_adapters(checkpoint).items():
         if folder != Path(checkpoint):

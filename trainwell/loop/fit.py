@@ -25,10 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainwell.backend.runtime import gather_loss_sum
 from trainwell.backend.stall import HEART
-from trainwell.checkpoint import disks
 from trainwell.checkpoint.contents import Phase
-from trainwell.checkpoint.layout import clean_temporary, keep_only_best
-from trainwell.checkpoint.resume import RunPlan
 from trainwell.data.train_loader import TrainFeed
 from trainwell.loop.epochs import EpochIterator
 from trainwell.loop.live_log import LiveLog
@@ -42,26 +39,9 @@ from trainwell.utils.metrics import speed_metrics
 
 if TYPE_CHECKING:
     from trainwell.checkpoint.checkpointer import Checkpointer
-    from trainwell.checkpoint.resume import Resume
     from trainwell.hooks import TrainerHooks
 
 logger = logging.getLogger(__name__)
-
-
-def _announce(hooks: TrainerHooks, plan: StepPlan, resume: Resume | None) -> None:
-    """The summary users know from the reference's log, at INFO on the main process."""
-    args = hooks.args
-    epochs = plan.num_train_epochs if plan.sized else "unknown (max_steps)"
-    logger.info(
-        "***** Running training *****\n  Num examples = %s\n  Num Epochs = %s\n  Instantaneous batch size per "
-        "device = %d\n  Total train batch size (w. parallel, distributed & accumulation) = %d\n  Gradient "
-        "Accumulation steps = %d\n  Total optimization steps = %d\n  Number of trainable parameters = %s",
-        f"{plan.num_examples:,}", epochs, args.per_device_train_batch_size, plan.total_train_batch_size,
-        args.gradient_accumulation_steps, plan.max_steps, f"{hooks.get_num_trainable_parameters():,}",
-    )  # fmt: skip
-    if resume is not None:
-        logger.info("  Continuing training from checkpoint %s, at step %d (epoch %d)", resume.path,
-                    hooks.state.global_step, resume.epoch)
 
 
 class FitLoop:
@@ -78,16 +58,10 @@ class FitLoop:
     def run(self) -> TrainOutput:
         hooks, args, resume, checkpointer = self.hooks, self.args, self.resume, self.checkpointer
         checkpointer.restore(Phase.WEIGHTS)  # before the model is prepared
-        runtime = hooks.runtime
-        if runtime.distributed:  # shared or node-local output_dir: refuse what cannot work before any step
-            placement = disks.probe(args.output_dir, args.should_save, runtime.all_gather_object)
-            disks.check(placement, args, runtime.engine.every_process_writes, runtime.is_main_process,
-                        one_folder=runtime.engine.one_folder)
-        if args.should_save:
-            clean_temporary(args.output_dir)  # folders of a save that was interrupted
+        checkpointer.begin_run()  # output_dir's placement checked, an interrupted save's folders removed
         loader = hooks.get_train_dataloader()
         plan = StepPlan.of(hooks.set_initial_training_values(args, loader), args.gradient_accumulation_steps)
-        checkpointer.use_plan(RunPlan(plan.max_steps, plan.total_train_batch_size, plan.position_at))
+        checkpointer.use_plan(plan.max_steps, plan.total_train_batch_size, plan.position_at)
         self._init_state(plan)
         model = self._prepare(plan, loader)
         run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader))
@@ -100,7 +74,7 @@ class FitLoop:
         self.model, self.run = model, run
         hooks.model.zero_grad(set_to_none=True)  # the module itself: an engine's zero_grad takes no arguments
         if hooks.runtime.is_main_process:
-            _announce(hooks, plan, resume)
+            self._announce(plan)
         self._fire("on_train_begin")
         self.step.listen()
         self.skips = DataSkips.of(hooks.state)  # rollback_on_spike's skipped steps, as log_history records them
@@ -132,6 +106,21 @@ class FitLoop:
             if self.step.guard is not None:
                 self.step.guard.close()
         return self._finish()
+
+    def _announce(self, plan: StepPlan) -> None:
+        """The summary users know from the reference's log, at INFO on the main process."""
+        hooks, args, resume = self.hooks, self.args, self.resume
+        epochs = plan.num_train_epochs if plan.sized else "unknown (max_steps)"
+        logger.info(
+            "***** Running training *****\n  Num examples = %s\n  Num Epochs = %s\n  Instantaneous batch size per "
+            "device = %d\n  Total train batch size (w. parallel, distributed & accumulation) = %d\n  Gradient "
+            "Accumulation steps = %d\n  Total optimization steps = %d\n  Number of trainable parameters = %s",
+            f"{plan.num_examples:,}", epochs, args.per_device_train_batch_size, plan.total_train_batch_size,
+            args.gradient_accumulation_steps, plan.max_steps, f"{hooks.get_num_trainable_parameters():,}",
+        )  # fmt: skip
+        if resume is not None:
+            logger.info("  Continuing training from checkpoint %s, at step %d (epoch %d)", resume.path,
+                        hooks.state.global_step, resume.epoch)
 
     def _fire(self, event: str) -> None:
         hooks = self.hooks
@@ -264,8 +253,7 @@ class FitLoop:
         if self.add_memory is not None:
             self.add_memory(metrics)  # train_mem_* (and init_mem_*) are logged with the train metrics
         hooks.log(metrics)  # adds epoch and the token count: TrainOutput.metrics carries them, as the reference's
-        if self.args.should_save and self.args.save_total_limit == 1 and state.best_model_checkpoint is not None:
-            keep_only_best(hooks._get_output_dir(self.trial), state.best_model_checkpoint)
+        self.checkpointer.end_run(hooks._get_output_dir(self.trial))  # save_total_limit=1: only the best is kept
         self._fire("on_train_end")
         hooks._finish_current_push()  # the last checkpoint's Hub upload lands before train() returns
         return TrainOutput(state.global_step, train_loss, metrics)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainwell.args.resilience import MAX_ROLLBACKS
 from trainwell.checkpoint.layout import checkpoint_step, list_checkpoints
-from trainwell.checkpoint.resume import unusable_reason
+from trainwell.checkpoint.resume import Resume, unusable_reason
 
 if TYPE_CHECKING:
     from trainwell.state import TrainerState
@@ -136,21 +136,21 @@ def last_good_checkpoint(output_dir: str, good_step: int) -> str | None:
     return None
 
 
-def attempts(trainer: Any, train_once: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``train_once(resume_from_checkpoint)``, trained again from the last good checkpoint after each
-    :class:`Rollback` (with ``rollback_on_spike`` set; otherwise ``train_once`` itself)."""
+def attempts(trainer: Any, train_once: Callable[[Resume | None], Any]) -> Callable[[Resume | None], Any]:
+    """``train_once(resume)`` (the checkpoint found for the ``train()`` call), trained again from the last good
+    checkpoint after each :class:`Rollback` (with ``rollback_on_spike`` set; otherwise ``train_once`` itself)."""
     factor = trainer.args.rollback_on_spike
     if factor is None:
         return train_once
 
-    def train(resume_from_checkpoint: Any) -> Any:
+    def train(resume: Resume | None) -> Any:
         done = 0  # this call's rollbacks (an older checkpoint's history may not hold the records of all of them)
         while True:
             try:
-                return train_once(resume_from_checkpoint)
+                return train_once(resume)
             except Rollback as spike:
                 spike.count = max(spike.count, done)
-                resume_from_checkpoint = _rollback_point(trainer, spike, factor)
+                resume = Resume.of(trainer, _rollback_point(trainer, spike, factor))  # found and checked as any
                 done = spike.count + 1
 
     return train

@@ -35,6 +35,8 @@ from trainwell.report.sessions import (
     weighted_mean_loss,
 )
 from trainwell.report.tables import one_line, session_rows, text_table
+from trainwell.state import STATE_LIMIT
+from trainwell.utils.safe_files import read_bytes
 
 STATE_FILE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -101,7 +103,7 @@ def find_state_file(path: str | os.PathLike[str]) -> Path:
 
 def _global_step(state_file: Path) -> int:
     try:
-        return int(json.loads(state_file.read_text(encoding="utf-8")).get("global_step") or 0)
+        return int(json.loads(read_bytes(state_file, STATE_LIMIT).decode("utf-8")).get("global_step") or 0)
     except (OSError, ValueError, TypeError, AttributeError, RecursionError):
         return -1  # unreadable: any readable state wins
 
@@ -194,7 +196,7 @@ def _load_run(path: str | os.PathLike[str], name: str | None) -> RunHistory:
         if state is None:
             raise
         return _run_of(folder / LIVE_LOG_NAME, state, live, name, path)
-    state = parse_state(state_path.read_bytes(), state_path)
+    state = parse_state(read_bytes(state_path, STATE_LIMIT), state_path)  # a regular file (no link, no FIFO), bounded
     return run_from_state(state_path, merge_state(state, live) or state, live, name, path)
 
 

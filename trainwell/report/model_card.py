@@ -31,14 +31,11 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from trainwell.utils.safe_files import write_text_file
-
-if TYPE_CHECKING:
-    from trainwell.trainer import Trainer
 
 MODEL_CARD_NAME = "README.md"
 _MISSING = "More information needed"
@@ -145,7 +142,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return line(columns) + "".join("|:" + "-" * w + ":" for w in widths) + "|\n" + "".join(map(line, cells))
 
 
-def hyperparameters(trainer: Trainer) -> dict[str, Any]:
+def hyperparameters(trainer: Any) -> dict[str, Any]:
     """The training hyperparameters the card lists, in the reference's order and names."""
     args, runtime = trainer.args, trainer.runtime
     out: dict[str, Any] = {"learning_rate": args.learning_rate, "train_batch_size": args.per_device_train_batch_size,
@@ -188,7 +185,7 @@ def _versions() -> list[str]:
     return lines
 
 
-def infer_dataset(trainer: Trainer) -> dict[str, Any] | None:
+def infer_dataset(trainer: Any) -> dict[str, Any] | None:
     """``{"tag", "args", "metadata"}`` of the eval dataset (else the train dataset) when it is a ``datasets``
     dataset from the Hub: its builder name, config name and split. None otherwise (a plain torch dataset, a
     local file builder such as ``csv``, a dataset without a builder name)."""
@@ -262,7 +259,7 @@ def _dataset_sentence(names: list[str]) -> str:
     return ", ".join(f"the {n}" for n in names[:-1]) + f" and the {names[-1]} datasets."
 
 
-def _base_model(trainer: Trainer, finetuned_from: str | None) -> str | None:
+def _base_model(trainer: Any, finetuned_from: str | None) -> str | None:
     if finetuned_from is not None:
         return finetuned_from or None  # kept as given, even a local folder
     path = getattr(getattr(trainer.model, "config", None), "_name_or_path", None)
@@ -275,7 +272,7 @@ def _header(meta: dict[str, Any]) -> str:
     return f"---\n{yaml.dump(data, sort_keys=False)}---\n"
 
 
-def model_card(trainer: Trainer, **kwargs: Any) -> str:
+def model_card(trainer: Any, **kwargs: Any) -> str:
     """The card's text; ``kwargs`` are ``create_model_card``'s arguments."""
     tags = _as_list(kwargs.get("tags"))
     tags += [] if "generated_from_trainer" in tags else ["generated_from_trainer"]
@@ -311,7 +308,7 @@ def model_card(trainer: Trainer, **kwargs: Any) -> str:
     return card + "\n### Framework versions\n\n" + "".join(f"{line}\n" for line in _versions())
 
 
-def create_model_card(trainer: Trainer, **kwargs: Any) -> None:
+def create_model_card(trainer: Any, **kwargs: Any) -> None:
     """Write ``README.md`` into ``output_dir`` on the main process (the others do nothing). The card is written
     beside its name and renamed into place (``utils.safe_files``): a ``README.md`` that is a symbolic link is
     replaced by the card, and what it pointed to is never written."""

@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from trainwell.utils.safe_files import read_bytes
+
 ARGS_FILE = "training_args.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _CARD_VERSION = re.compile(r"^- (trainwell|Transformers|Pytorch|Accelerate) (\S+)\s*$", re.MULTILINE)
@@ -34,8 +36,8 @@ def find_args_file(run_dir: str | Path, state_path: str | Path | None = None) ->
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_bytes(path, 64 << 20))  # a regular file (not a link, not a FIFO), bounded
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -97,8 +99,8 @@ def versions(run_dir: str | Path, args: dict[str, Any], state: dict[str, Any]) -
     card = run / "README.md"
     if card.is_file():
         try:
-            text = card.read_text(encoding="utf-8", errors="replace")
-        except OSError:
+            text = read_bytes(card, 16 << 20).decode("utf-8", errors="replace")
+        except (OSError, ValueError):
             text = ""
         for name, version in _CARD_VERSION.findall(text):
             found.setdefault({"Pytorch": "torch"}.get(name, name.lower()), version)

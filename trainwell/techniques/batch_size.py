@@ -18,11 +18,14 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainwell.utils.batch_size import eval_out_of_memory, is_out_of_memory  # noqa: F401  (used here; re-exported)
+
+if TYPE_CHECKING:
+    from trainwell.checkpoint.resume import Resume
 
 logger = logging.getLogger(__name__)
 
@@ -35,27 +38,18 @@ def smaller_micro_batch(micro_batch: int, global_batch: int) -> int | None:
     return None
 
 
-def train_attempts(trainer: Any, train_once: Callable[[str | bool | None], Any],
-                   resume_from_checkpoint: str | bool | None) -> Any:
-    """One ``train_once(resume_from_checkpoint)``; with ``auto_find_batch_size``, :func:`train_with_batch_search`."""
-    if trainer.args.auto_find_batch_size:
-        return train_with_batch_search(trainer, train_once, resume_from_checkpoint)
-    return train_once(resume_from_checkpoint)
-
-
-def train_with_batch_search(trainer: Any, train_once: Callable[[str | bool | None], Any],
-                            resume_from_checkpoint: str | bool | None) -> Any:
-    """Run ``train_once(resume_from_checkpoint)``, shrinking the micro-batch after each out-of-memory error."""
+def train_with_batch_search(trainer: Any, train_once: Callable[[Resume | None], Any], resume: Resume | None) -> Any:
+    """Run ``train_once(resume)``, shrinking the micro-batch after each out-of-memory error."""
     trainer.runtime.engine.check_batch_search()  # DeepSpeed fixes the micro-batch in its config
     args = trainer.args
-    restore_chosen_size(trainer, resume_from_checkpoint)
+    restore_chosen_size(trainer, resume)
     while True:
         try:
-            return train_once(resume_from_checkpoint)
+            return train_once(resume)
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
-            resume_from_checkpoint = _retry_point(trainer, error, resume_from_checkpoint)
+            resume = _retry_point(trainer, error, resume)
             micro, steps = trainer._train_batch_size, args.gradient_accumulation_steps
             smaller = smaller_micro_batch(micro, micro * steps)
             if smaller is None:
@@ -73,33 +67,30 @@ def train_with_batch_search(trainer: Any, train_once: Callable[[str | bool | Non
             )
 
 
-def restore_chosen_size(trainer: Any, resume_from_checkpoint: str | bool | None) -> None:
-    """On a resume, take back the micro-batch an earlier search chose (kept in the checkpoint's state)."""
-    from trainwell.checkpoint.resume import Resume
-    from trainwell.state import TrainerState
-
-    resume = Resume.of(trainer, resume_from_checkpoint)  # with several processes, all of them take part
+def restore_chosen_size(trainer: Any, resume: Resume | None) -> None:
+    """On a resume, take back the micro-batch an earlier search chose (kept in the checkpoint's state, as parsed
+    when the checkpoint was found)."""
     if resume is None:
         return
-    state = TrainerState.load_from_json(f"{resume.path}/trainer_state.json")
-    chosen, micro = state.train_batch_size, trainer._train_batch_size
-    if chosen and chosen < micro and (micro * trainer.args.gradient_accumulation_steps) % chosen == 0:
-        trainer.args.gradient_accumulation_steps = micro * trainer.args.gradient_accumulation_steps // chosen
+    chosen, micro = resume.saved_state.get("train_batch_size"), trainer._train_batch_size
+    steps = trainer.args.gradient_accumulation_steps
+    if isinstance(chosen, int) and 0 < chosen < micro and (micro * steps) % chosen == 0:
+        trainer.args.gradient_accumulation_steps = micro * steps // chosen
         trainer._train_batch_size = chosen
         logger.info("auto_find_batch_size: resuming with the micro-batch of %d chosen before (x %d accumulation "
                     "steps).", chosen, trainer.args.gradient_accumulation_steps)
 
 
-def _retry_point(trainer: Any, error: BaseException, resume_from_checkpoint: str | bool | None) -> Any:
+def _retry_point(trainer: Any, error: BaseException, resume: Resume | None) -> Resume | None:
     """Where the next attempt starts: over (no step taken), or this call's newest checkpoint."""
-    from trainwell.checkpoint.resume import get_last_checkpoint
+    from trainwell.checkpoint.resume import Resume, get_last_checkpoint
 
     start = trainer.training_run.initial_global_step if trainer.training_run is not None else 0
     if trainer.state.global_step <= start:
-        return resume_from_checkpoint  # no optimizer step changed the weights: the same start again
+        return resume  # no optimizer step changed the weights: the same start again
     newest = get_last_checkpoint(trainer.args.output_dir)
     if newest is not None and int(newest.rsplit("-", 1)[-1]) > start:
-        return newest
+        return Resume.of(trainer, newest)
     raise RuntimeError(
         f"auto_find_batch_size: out of memory at step {trainer.state.global_step}, after the weights had changed "
         "and with no checkpoint of this run to go back to. Resume from a checkpoint with a smaller "

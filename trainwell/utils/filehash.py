@@ -88,16 +88,22 @@ class HashingFile:
 
 def hash_file(path: str | os.PathLike) -> FileRecord:
     """Size and checksum of a finished file, read back in large chunks."""
-    digest, size = xxhash.xxh3_64(), 0
     with open(path, "rb", buffering=0) as fh:
-        buffer = bytearray(_CHUNK)
-        view = memoryview(buffer)
-        while True:
-            count = fh.readinto(buffer)
-            if not count:
-                break
-            digest.update(view[:count])
-            size += count
+        return hash_stream(fh)
+
+
+def hash_stream(fh: BinaryIO, limit: int | None = None) -> FileRecord:
+    """Size and checksum of what is left to read of ``fh``, in large chunks; with ``limit``, at most ``limit + 1``
+    bytes are read (a file that grew, or never ends, is not read to its end: its size then shows the excess)."""
+    digest, size = xxhash.xxh3_64(), 0
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    while limit is None or size <= limit:
+        count = fh.readinto(buffer)
+        if not count:
+            break
+        digest.update(view[:count])
+        size += count
     return FileRecord(size, digest.intdigest())
 
 

@@ -88,20 +88,24 @@ def log_metrics(split: str, metrics: dict[str, Any], print_fn: Any = print) -> N
 
 
 def save_metrics(output_dir: str, split: str, metrics: dict[str, Any], combined: bool = True) -> None:
-    """Write ``{split}_results.json`` (or ``all_results.json`` for split "all") and merge into ``all_results.json``."""
+    """Write ``{split}_results.json`` (or ``all_results.json`` for split "all") and merge into ``all_results.json``.
+
+    The files are written by name (a link of that name is replaced, never written through) and ``all_results.json``
+    is read only as a regular file of ``output_dir`` (``trainwell.utils.safe_files``).
+    """
+    from trainwell.utils.safe_files import read_json, write_text_file
+
     os.makedirs(output_dir, exist_ok=True)
     name = "all_results.json" if split == "all" else f"{split}_results.json"
-    with open(os.path.join(output_dir, name), "w") as fh:
-        json.dump(to_python(metrics), fh, indent=4, sort_keys=True)
+    write_text_file(os.path.join(output_dir, name), json.dumps(to_python(metrics), indent=4, sort_keys=True))
     if combined and split != "all":
         path = os.path.join(output_dir, "all_results.json")
-        merged: dict[str, Any] = {}
-        if os.path.exists(path):
-            with open(path) as fh:
-                merged = json.load(fh)
+        merged: Any = read_json(path, 64 << 20, root=output_dir) if os.path.lexists(path) else {}
+        if not isinstance(merged, dict):
+            raise ValueError(f"{path} holds a {type(merged).__name__}, not the object of metrics save_metrics writes: "
+                             "move it away.")
         merged.update(to_python(metrics))
-        with open(path, "w") as fh:
-            json.dump(merged, fh, indent=4, sort_keys=True)
+        write_text_file(path, json.dumps(merged, indent=4, sort_keys=True))
 
 
 def finite_mean(values: Any, drop_non_finite: bool) -> float:

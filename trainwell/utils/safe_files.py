@@ -1,4 +1,14 @@
-"""Writing files by name into one folder, never through a symbolic link: what the run report and the model card use.
+"""Files by name in one folder, never through a symbolic link: written (the run report, the model card) and read
+(checkpoints, run folders, ``output_dir``: every file trainwell opens there).
+
+Reading (:func:`open_regular`, :func:`read_bytes`, :func:`read_json`): a file is opened with ``O_NOFOLLOW |
+O_NONBLOCK`` and used only when ``fstat`` says it is a regular file, so a link (to ``/dev/zero``, to a file outside
+the folder), a FIFO (whose open would block), a device or a folder is refused with :class:`UnsafeFileError` naming
+it and what it is; with ``root``, no folder between ``root`` and the file may be a link either. Reads are bounded
+(a file larger than the limit is refused, never read to its end), and JSON nested too deeply to parse is an error
+naming the file, not a ``RecursionError``.
+
+Writing:
 
 A file is written to a fresh temporary name in the same folder (created with ``O_EXCL | O_NOFOLLOW``, so it can
 be neither an existing file nor a link) and renamed onto its final name with ``os.replace``. A rename replaces a
@@ -15,14 +25,23 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
+import json
 import os
 import secrets
+import stat
 from pathlib import Path
 from types import TracebackType
+from typing import Any, BinaryIO
 
 
 class UnsafePathError(ValueError):
     """A folder to write into is a symbolic link (or not a folder): the message names it and the fix."""
+
+
+class UnsafeFileError(ValueError):
+    """A file to read is not a regular file inside its folder (a link, a FIFO, a device, a folder), or is larger
+    than what may be read of it: the message names it."""
 
 
 _DIR_FD = os.open in os.supports_dir_fd and os.replace in os.supports_dir_fd and hasattr(os, "O_NOFOLLOW")
@@ -137,4 +156,102 @@ def write_text_file(path: str | os.PathLike[str], text: str) -> Path:
         return folder.write_text(target.name, text)
 
 
-__all__ = ["SafeFolder", "UnsafePathError", "make_folder", "write_text_file"]
+# ----------------------------------------------------------------------------------------------- reading
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+def kind_of(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words ("a FIFO", "a folder", ...)."""
+    for test, words in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
+
+
+def not_regular(path: str | os.PathLike[str], kind: str) -> UnsafeFileError:
+    """The error for ``path``, which is ``kind`` (:func:`kind_of`) where a regular file was expected."""
+    target = ""
+    if kind == "a symbolic link":
+        with contextlib.suppress(OSError):
+            target = f" to {os.readlink(path)!r}"
+    return UnsafeFileError(f"{os.fspath(path)} is {kind}{target}, not a regular file: trainwell reads only regular "
+                           "files in a checkpoint or run folder, never through a link. Replace it with the file "
+                           "itself (or remove it).")
+
+
+def _check_parents(path: Path, root: Path) -> None:
+    """No folder between ``root`` and ``path`` is a link (``root`` itself is used as named)."""
+    try:
+        parts = path.relative_to(root).parts[:-1]
+    except ValueError:
+        raise UnsafeFileError(f"{path} is outside {root}: a file of a folder is read only inside it.") from None
+    where = root
+    for part in parts:
+        where = where / part
+        try:
+            mode = os.lstat(where).st_mode
+        except OSError:
+            return  # missing: the open says so
+        if not stat.S_ISDIR(mode):
+            raise UnsafeFileError(
+                f"{where} is {kind_of(mode)}, not a folder: trainwell reads the files of a checkpoint or run folder "
+                "only inside it, never through a link. Replace it with the folder itself.")
+
+
+def open_regular(path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None) -> BinaryIO:
+    """``path`` opened for reading in binary, if it is a regular file (not followed when it is a link, never
+    blocking on a FIFO); ``UnsafeFileError`` naming it otherwise. With ``root``, the folders between ``root`` and
+    the file must be real folders too. ``OSError`` (a missing file) passes through."""
+    path = Path(path)
+    if root is not None:
+        _check_parents(Path(os.path.abspath(path)), Path(os.path.abspath(root)))
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC | getattr(os, "O_BINARY", 0))
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EMLINK) or (err.errno == errno.ENXIO and path.is_symlink()):
+            raise not_regular(path, "a symbolic link") from None
+        if err.errno == errno.ENXIO:  # a FIFO or socket nobody writes to
+            raise not_regular(path, kind_of(os.lstat(path).st_mode)) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise not_regular(path, kind_of(mode))
+    if _NONBLOCK and hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    raw = io.FileIO(fd, "rb")
+    raw.name = os.fspath(path)  # for readers' messages (torch, zipfile), which name the file by it
+    return io.BufferedReader(raw)
+
+
+def read_bytes(path: str | os.PathLike[str], limit: int, root: str | os.PathLike[str] | None = None) -> bytes:
+    """The bytes of the regular file ``path`` (see :func:`open_regular`), refused when over ``limit`` bytes."""
+    with open_regular(path, root) as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise UnsafeFileError(f"{os.fspath(path)} is larger than the {limit:,} bytes trainwell reads of such a file: "
+                              "it is not one trainwell wrote.")
+    return data
+
+
+def parse_json(data: bytes | str, name: str | os.PathLike[str]) -> Any:
+    """``data`` parsed as JSON; ``ValueError`` naming ``name`` when it is not JSON, not UTF-8, or nested too
+    deeply to parse (instead of a ``RecursionError``)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{os.fspath(name)} is nested too deeply to be read (a crafted file, not one trainwell "
+                         "wrote)") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{os.fspath(name)} is not valid JSON ({err})") from None
+
+
+def read_json(path: str | os.PathLike[str], limit: int, root: str | os.PathLike[str] | None = None) -> Any:
+    """The JSON value of the regular file ``path`` (at most ``limit`` bytes); errors name the file."""
+    return parse_json(read_bytes(path, limit, root), path)
+
+
+__all__ = ["SafeFolder", "UnsafeFileError", "UnsafePathError", "make_folder", "open_regular", "parse_json",
+           "read_bytes", "read_json", "write_text_file"]

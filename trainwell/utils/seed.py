@@ -89,3 +89,48 @@ def set_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state(cuda_states)
         elif len(cuda_states) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda_states)
+
+
+def rng_state_problem(state: Any) -> str | None:
+    """What keeps ``state`` (a saved :func:`get_rng_state`, trainwell's or the reference's) from being restored by
+    :func:`set_rng_state`, checked before any generator is set; None when it can be."""
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}, not a dictionary of generator states"
+    cpu = state.get("cpu")
+    size = torch.get_rng_state().numel()
+    if not isinstance(cpu, torch.Tensor) or cpu.dtype != torch.uint8 or cpu.numel() != size:
+        return f"'cpu' is {_shown(cpu)}, not torch's CPU generator state ({size} bytes)"
+    python = state.get("python", (3, (0,) * 625, None))
+    if not (isinstance(python, (tuple, list)) and len(python) == 3 and _words(python[1], 625)
+            and isinstance(python[0], int) and (python[2] is None or isinstance(python[2], float))):
+        return f"'python' is {_shown(python)}, not python's random state"
+    numpy_state = state.get("numpy", ("MT19937", [0] * 624, 0, 0, 0.0))
+    if not (isinstance(numpy_state, (tuple, list)) and len(numpy_state) == 5 and numpy_state[0] == "MT19937"
+            and _words(numpy_state[1], 624) and all(_real(v) for v in numpy_state[2:])):
+        return f"'numpy' is {_shown(numpy_state)}, not numpy's MT19937 state"
+    cuda = state.get("cuda", [])
+    cuda_states = [cuda] if isinstance(cuda, torch.Tensor) else cuda
+    if not isinstance(cuda_states, (list, tuple)) or not all(
+            isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in cuda_states):
+        return f"'cuda' is {_shown(cuda)}, not CUDA generator states"
+    return None
+
+
+def _words(values: Any, count: int) -> bool:
+    """``count`` integers in [0, 2**32): a Mersenne Twister's key (a sequence, an ndarray or a tensor)."""
+    if isinstance(values, (torch.Tensor, np.ndarray)):
+        values = values.tolist() if values.ndim == 1 else None
+    if not isinstance(values, (list, tuple)) or len(values) != count:
+        return False
+    return all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32 for v in values)
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> str:
+    text = type(value).__name__ if isinstance(value, (torch.Tensor, np.ndarray)) else repr(value)
+    if isinstance(value, torch.Tensor):
+        text += f" of {value.numel()} {str(value.dtype).replace('torch.', '')}"
+    return text if len(text) <= 60 else text[:57] + "..."
