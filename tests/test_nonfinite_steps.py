@@ -179,3 +179,17 @@ def test_by_default_only_an_optimizer_that_skips_itself_is_guarded(tmp_path, opt
     finite = all(torch.isfinite(v).all() for v in _weights(trainer).values())
     assert finite is (optim == "adamw_torch_fused")
     assert ("Set skip_nonfinite_steps=True" in caplog.text) is (optim == "adamw_torch")
+
+
+def test_a_train_that_fails_before_its_first_step_takes_the_guard_off_the_optimizer(tmp_path):
+    """The fused optimizer carries the guard's found_inf from the moment the step is built; a callback that raises
+    in on_train_begin must not leave it there (a later optimizer.step() by hand would read a stale flag)."""
+
+    class Fails(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            raise RuntimeError("callback failed")
+
+    trainer = Trainer(DropoutMLP(), _args(tmp_path), train_dataset=ClassificationDataset(), callbacks=[Fails()])
+    with pytest.raises(RuntimeError, match="callback failed"):
+        trainer.train()
+    assert not hasattr(getattr(trainer.optimizer, "optimizer", trainer.optimizer), "found_inf")

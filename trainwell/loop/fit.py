@@ -72,6 +72,25 @@ class FitLoop:
         self.step = OptimizerStep(hooks, model, run)
         self.timing_compile = hooks.runtime.compile_backend is not None  # the first step compiles: say how long
         self.model, self.run = model, run
+        try:  # from here on the optimizer carries the guard's found_inf: taken off below, however this ends
+            first_epoch, last_epoch = self._begin(plan, model)
+            for epoch in range(first_epoch, last_epoch):
+                skip_windows = resume.windows_done if resume is not None and epoch == first_epoch else 0
+                self._fire("on_epoch_begin")
+                self._run_epoch(epochs, epoch, skip_windows)
+                if hooks.control.should_training_stop:
+                    break
+            checkpointer.wait()  # save_async: the last checkpoint is published before the best one is reloaded
+        finally:
+            checkpointer.finish_quietly()  # training failed: still let a checkpoint in flight reach the disk
+            if self.step.guard is not None:
+                self.step.guard.close()
+        return self._finish()
+
+    def _begin(self, plan: StepPlan, model: Any) -> tuple[int, int]:
+        """What happens before the first epoch: the summary, ``on_train_begin``, ``eval_on_start``; returns the
+        epochs to run (none when a resumed checkpoint is already at ``max_steps``)."""
+        hooks, args, resume = self.hooks, self.args, self.resume
         hooks.model.zero_grad(set_to_none=True)  # the module itself: an engine's zero_grad takes no arguments
         if hooks.runtime.is_main_process:
             self._announce(plan)
@@ -85,27 +104,14 @@ class FitLoop:
         # steps only check the top (training_step): evaluation switches the whole tree at once.
         model.train()
         first_epoch = resume.epoch if resume is not None else 0
-        last_epoch = plan.num_train_epochs
         if resume is not None and hooks.state.global_step >= plan.max_steps:
             # A checkpoint of a finished run (the reference takes one step past max_steps here).
             logger.warning(
                 "The checkpoint is at step %d and max_steps is %d: nothing is left to train. Raise max_steps "
                 "(or num_train_epochs) to train further.", hooks.state.global_step, plan.max_steps,
             )  # fmt: skip
-            last_epoch = first_epoch
-        try:
-            for epoch in range(first_epoch, last_epoch):
-                skip_windows = resume.windows_done if resume is not None and epoch == first_epoch else 0
-                self._fire("on_epoch_begin")
-                self._run_epoch(epochs, epoch, skip_windows)
-                if hooks.control.should_training_stop:
-                    break
-            checkpointer.wait()  # save_async: the last checkpoint is published before the best one is reloaded
-        finally:
-            checkpointer.finish_quietly()  # training failed: still let a checkpoint in flight reach the disk
-            if self.step.guard is not None:
-                self.step.guard.close()
-        return self._finish()
+            return first_epoch, first_epoch
+        return first_epoch, plan.num_train_epochs
 
     def _announce(self, plan: StepPlan) -> None:
         """The summary users know from the reference's log, at INFO on the main process."""
