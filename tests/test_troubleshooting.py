@@ -84,7 +84,18 @@ def _held_output_dir() -> None:
         json.dump({"pid": 4242, "host": "node7", "started": "2026-11-28T10:00:00", "command": "python train.py"}, fh)
         fh.flush()
         fcntl.flock(fh, fcntl.LOCK_EX)
-        Trainer(model=RegressionModel(), args=_args(), train_dataset=RegressionDataset(length=8))
+        # a run that writes checkpoints (one that saves nothing takes no lock, as it writes nothing there)
+        Trainer(model=RegressionModel(), args=_args(save_strategy="steps"), train_dataset=RegressionDataset(length=8))
+
+
+def _tracker_not_installed() -> None:
+    """``report_to="wandb"`` where wandb is not installed (the registry told that it is not)."""
+    from unittest import mock
+
+    from trainwell.args.trackers import Tracker
+
+    with mock.patch.object(Tracker, "installed", lambda self: False):
+        _train(report_to="wandb")
 
 
 def _metric_without_compute_metrics() -> None:
@@ -105,7 +116,7 @@ MISTAKES = [
     lambda: _train(eval_strategy="steps", eval_steps=1),
     lambda: _args(load_best_model_at_end=True, eval_strategy="steps", save_strategy="epoch"),
     _metric_without_compute_metrics,
-    lambda: _train(fp16=True),
+    _tracker_not_installed,
     lambda: _train(dataset=_Stream(), max_steps=-1),
     lambda: _train(resume=True),
     _held_output_dir,
