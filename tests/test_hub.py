@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import types
 from concurrent.futures import Future
 
 import pytest
@@ -130,6 +131,11 @@ def test_push_to_hub_without_push_to_hub_argument_creates_the_repo(fake_hub, tmp
 
 
 def test_a_failed_push_logs_and_training_goes_on(monkeypatch, tmp_path, caplog):
+    # huggingface_hub retries an HTTP 500 five times, sleeping 1+2+4+8+8 s between tries: the retries stay, the
+    # waits go (a namespace for its module's `time`, so no one else's sleep changes)
+    from huggingface_hub.utils import _http
+
+    monkeypatch.setattr(_http, "time", types.SimpleNamespace(sleep=lambda seconds: None))
     with FakeHub(fail_commits=True) as hub:
         monkeypatch.setattr(hub_constants, "ENDPOINT", hub.url)
         trainer = _trainer(tmp_path / "run")

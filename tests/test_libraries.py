@@ -92,6 +92,9 @@ def test_trl_sft_trainer_runs_on_trainwell_like_on_the_reference(tmp_path):
     _resumes(tmp_path, "sft", ours)
 
 
+# slow (TRAINWELL_SLOW=1): TRL's scripts below run the same trainer with LoRA, resumed, on both sides, and
+# test_a_peft_model_reloads_the_same_best_adapter_... the best adapter's reload
+@pytest.mark.slow
 def test_trl_sft_trainer_with_a_peft_config_trains_resumes_and_reloads_the_best_adapter_like_the_reference(tmp_path):
     """SFTTrainer(peft_config=LoraConfig(...)) wraps the model in a PeftModel itself: adapter-only checkpoints, a
     resume from one, and load_best_model_at_end reloading the first evaluation's adapter, as on the reference."""
@@ -105,6 +108,8 @@ def test_trl_sft_trainer_with_a_peft_config_trains_resumes_and_reloads_the_best_
     assert resumed["best"] == "checkpoint-3" and resumed["adapter"] == ours["adapter"]
 
 
+# slow (TRAINWELL_SLOW=1): TRL's dpo script below runs DPOTrainer with LoRA, resumed, on both sides
+@pytest.mark.slow
 def test_trl_dpo_trainer_runs_on_trainwell_like_on_the_reference(tmp_path):
     pytest.importorskip("trl")
     _, ours = _compare(tmp_path, "dpo")
