@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up .venv with the test extras, lint with ruff, and run the test suite (slow tests excluded unless
-# TRAINWELL_SLOW=1) in two phases, printing its time at the end (see below). Extra arguments go to pytest.
+# TRAINWELL_SLOW=1), printing its time at the end (see below). Extra arguments go to pytest.
 #
 # The set-up runs once: .venv/.trainwell-test-setup records a checksum of pyproject.toml and
 # scripts/setup_env.sh, and later runs skip it unless those files changed or .venv cannot import this
@@ -19,34 +19,23 @@ if ! current; then
 fi
 # Lint before the (much longer) test run; with `set -e` a finding fails the script here.
 .venv/bin/ruff check .
-# Two phases, each listing its 20 slowest tests (--durations), then the suite's time:
-# 1. the tests that are safe side by side, on TRAINWELL_TEST_WORKERS pytest-xdist workers ("auto", the default: one
-#    per core; 0: no workers, in this process). --dist loadgroup keeps the tests of a module-scoped fixture on one
-#    worker, so the fixture is built once;
-# 2. the `serial` tests, one at a time: those that launch several processes (torchrun, accelerate launch, a process
-#    group), bind a port or start Ray. tests/common/scheduling.py marks them by what their code (and their fixtures'
-#    and helpers') runs, so a new test needs no marker; @pytest.mark.serial puts a test in this phase by hand,
-#    @pytest.mark.parallel_safe takes one the rule misjudges out of it.
-# Extra arguments go to both phases; a phase that selects no test (pytest's status 5) is not a failure.
-select="not slow"
-if [ "${TRAINWELL_SLOW:-0}" = "1" ]; then select=""; fi
-both() { if [ -n "$select" ]; then echo "$select and $1"; else echo "$1"; fi; }
+# One pytest run on pytest-xdist workers, listing its 30 slowest tests (--durations), then the suite's time.
+# TRAINWELL_TEST_WORKERS workers ("auto", the default: one more than the cores; 0: no workers, in this process).
+# --dist loadgroup keeps the tests of a module-scoped fixture on one worker (the fixture is built once), and keeps
+# the `serial` tests together: those that launch several processes (torchrun, accelerate launch, a process group),
+# bind a port or start Ray. One worker runs them first, one at a time, while the others run the rest at a lower
+# priority (tests/common/scheduling.py). They are found from what their code (and their fixtures' and helpers')
+# runs, so a new test needs no marker; @pytest.mark.serial makes a test serial by hand, @pytest.mark.parallel_safe
+# takes one the rule misjudges out of the chain.
+select=(-m "not slow")
+if [ "${TRAINWELL_SLOW:-0}" = "1" ]; then select=(); fi
 workers="${TRAINWELL_TEST_WORKERS:-auto}"
+if [ "$workers" = auto ]; then workers=$(($(nproc) + 1)); fi
 xdist=()
 if [ "$workers" != "0" ]; then xdist=(-n "$workers" --dist loadgroup); fi
 status=0
 start=$SECONDS
-.venv/bin/python -m pytest -q --durations=20 "${xdist[@]}" -m "$(both "not serial")" "$@" || status=$?
-[ "$status" = 5 ] && status=0
-parallel=$((SECONDS - start))
-serial_status=0
-.venv/bin/python -m pytest -q --durations=20 -m "$(both serial)" "$@" || serial_status=$?
-[ "$serial_status" = 5 ] && serial_status=0
+.venv/bin/python -m pytest -q --durations=30 "${xdist[@]}" "${select[@]}" "$@" || status=$?
 total=$((SECONDS - start))
-shown="$workers"
-if [ "$workers" = auto ]; then shown="$(nproc)"; fi
-printf 'suite: %dm%02ds (side by side on %s workers: %dm%02ds; one at a time: %dm%02ds)\n' $((total / 60)) \
-  $((total % 60)) "$shown" $((parallel / 60)) $((parallel % 60)) $(((total - parallel) / 60)) \
-  $(((total - parallel) % 60))
-if [ "$status" != 0 ]; then exit "$status"; fi
-exit "$serial_status"
+printf 'suite: %dm%02ds on %s xdist workers (%s cores)\n' $((total / 60)) $((total % 60)) "$workers" "$(nproc)"
+exit "$status"

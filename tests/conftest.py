@@ -24,11 +24,13 @@ if "torch" in sys.modules:  # imported before this file (a plugin): the variable
 
 @pytest.hookimpl(tryfirst=True)  # before -m "serial" / "not serial" selects on the marks added here
 def pytest_collection_modifyitems(config, items):
-    """Marks the tests that need the machine alone ``serial`` (scripts/test.sh runs them after the others), and
-    keeps the tests of a module-scoped fixture on one xdist worker: tests/common/scheduling.py says how."""
+    """Marks the tests that need the machine to themselves ``serial`` and keeps the tests of a module-scoped
+    fixture on one xdist worker; on xdist workers the serial tests are one group, run first, one at a time, on one
+    worker: tests/common/scheduling.py says how."""
     from tests.common.scheduling import schedule
 
-    schedule(items)
+    on_workers = bool(getattr(config.option, "numprocesses", None)) or "PYTEST_XDIST_WORKER" in os.environ
+    schedule(items, distributed=on_workers)
 
 
 _FROZEN_UP_TO: list[str] = []  # the module whose first test last froze the heap
@@ -36,11 +38,16 @@ _FROZEN_UP_TO: list[str] = []  # the module whose first test last froze the heap
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    """At each test module's first test, collect garbage and freeze what is left (``gc.freeze``): the imported
+    """An xdist worker that does not run the serial chain yields the cores to it (tests/common/scheduling.py).
+
+    At each test module's first test, collect garbage and freeze what is left (``gc.freeze``): the imported
     libraries (torch, transformers, Ray, ...) are some 800,000 objects, which every full collection walks again,
     and Accelerate's out-of-memory retries, the memory metrics and a Trainer's clean-up each call ``gc.collect()``
     (0.3-1 s each in such a heap; 15 s for one batch-size search). Frozen objects are never collected, so the
     collection comes first: only what is still alive is frozen."""
+    from tests.common.scheduling import yield_to_the_serial_chain
+
+    yield_to_the_serial_chain(item)
     module = item.nodeid.split("::")[0]
     if _FROZEN_UP_TO[-1:] != [module]:
         _FROZEN_UP_TO[:] = [module]

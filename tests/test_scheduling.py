@@ -3,12 +3,15 @@ start Ray), found from the code they run, through their helpers, without a marke
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 from tests.common.scheduling import LauncherFinder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # These tests name launchers without running any: the automatic rule would run them alone, needlessly.
 pytestmark = pytest.mark.parallel_safe
@@ -57,3 +60,62 @@ def test_the_suites_multi_process_tests_are_serial():
     finder = LauncherFinder()
     assert finder.launches(test_multinode.test_save_on_each_node_on_a_shared_disk_is_refused)
     assert finder.launches(test_process_failures.test_a_process_that_fails_and_stays_does_not_keep_the_others_waiting)
+
+
+SHARED_FIXTURE_MODULE = '''
+import os
+import pytest
+
+
+@pytest.fixture(scope="module", params=["a", "b", "c"])
+def built(request):
+    with open(os.environ["BUILT_LOG"], "a") as log:
+        log.write(request.param + "\\n")
+    return request.param
+
+
+def test_one(built):
+    assert built
+
+
+def test_two(built):
+    assert built
+
+
+def test_alone():
+    pass
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("n", range(3))
+def test_in_the_chain(n):
+    with open(os.environ["BUILT_LOG"] + ".chain", "a") as log:
+        log.write(f"{os.environ['PYTEST_XDIST_WORKER']} {os.nice(0)}\\n")
+'''
+
+
+def test_xdist_workers_build_a_shared_fixture_once_and_run_the_serial_tests_on_one_worker(tmp_path):
+    """scripts/test.sh's --dist loadgroup keeps a module-scoped fixture's tests on one worker, so each of its values
+    is built once, and the serial tests on one worker, which keeps its priority. pytest 9.2 renamed the attribute
+    pytest-xdist 3.8 appends the group to: the groups were then silently ignored, each TRL script of
+    tests/test_libraries.py ran twice and serial tests ran side by side (pyproject pins pytest below 9.2)."""
+    pytest.importorskip("xdist")
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    # this suite's own grouping hook (tests/conftest.py), in a conftest of the little suite, which it counts as tests
+    (folder / "conftest.py").write_text("import pathlib\nfrom tests.common import scheduling\n"
+                                        "scheduling.TESTS = pathlib.Path(__file__).resolve().parent\n"
+                                        "from tests.conftest import (  # noqa\n"
+                                        "    pytest_collection_modifyitems, pytest_runtest_setup)\n")
+    (folder / "test_shared.py").write_text(SHARED_FIXTURE_MODULE)
+    log = tmp_path / "built.log"
+    env = {**os.environ, "BUILT_LOG": str(log), "PYTHONPATH": ROOT}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3", "--dist",
+                          "loadgroup", str(folder)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "10 passed" in run.stdout
+    assert sorted(log.read_text().split()) == ["a", "b", "c"]
+    # the serial tests: one worker, one after another, at the priority the others yield to
+    chain = {tuple(line.split()) for line in (tmp_path / "built.log.chain").read_text().splitlines()}
+    assert len(chain) == 1 and next(iter(chain))[1] == str(os.nice(0)), chain

@@ -1,7 +1,8 @@
 """Which tests may run side by side (pytest-xdist) and which need the machine to themselves.
 
-``scripts/test.sh`` runs the suite in two phases: the tests that are safe side by side over several workers
-(``-n``, ``--dist loadgroup``), then the ``serial`` ones one at a time. A test is ``serial`` when
+``scripts/test.sh`` runs the suite on pytest-xdist workers (``-n``, ``--dist loadgroup``), one more than the cores:
+the ``serial`` tests form one group that one worker runs first, one at a time (never two side by side), while the
+other workers, at a lower priority, run the rest on what the chain leaves of the cores. A test is ``serial`` when
 
 - it is marked ``serial`` or ``distributed`` (``pytest.mark.serial``: "run me alone"), or
 - the code it runs launches several processes, binds a port or starts Ray: found by following the test function,
@@ -10,10 +11,11 @@
   ``bind``, the harnesses of ``tests/common/launch.py`` and ``tests/common/multinode.py``).
 
 Two launchers at once would fight over the default rendezvous port (29500) and over the 2 cores, and a Ray started
-by one test can be joined by another's ``ray.init()``. ``pytest.mark.parallel_safe`` overrides the automatic rule
-for a test it misjudges (never a marker: an explicit ``serial`` wins). It errs towards running alone: a local
-variable named ``launch`` or ``ray`` in a function with an ``assert`` counts (pytest's assertion rewriting stores the
-names of locals as string constants).
+by one test can be joined by another's ``ray.init()``; and these tests time what their processes do (a watchdog, a
+collective's timeout), which the others' lower priority keeps from starving. ``pytest.mark.parallel_safe``
+overrides the automatic rule for a test it misjudges (never a marker: an explicit ``serial`` wins). It errs towards
+running alone: a local variable named ``launch`` or ``ray`` in a function with an ``assert`` counts (pytest's
+assertion rewriting stores the names of locals as string constants).
 
 A test that uses a module-, class- or package-scoped fixture is put in an ``xdist_group`` with the rest of its
 module, so the fixture is built once, on one worker, rather than once per worker.
@@ -22,6 +24,7 @@ module, so the fixture is built once, on one worker, rather than once per worker
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import types
 from pathlib import Path
@@ -100,8 +103,16 @@ def _fixture_functions(item: pytest.Item) -> list[tuple[Any, str]]:
     return found
 
 
-def schedule(items: list[pytest.Item]) -> None:
-    """Mark each item ``serial`` or not, and group the ones sharing a module-scoped fixture (see the docstring)."""
+#: the xdist group of the ``serial`` tests: one worker runs them one after another, beside the other workers
+SERIAL_GROUP = "serial"
+
+
+def schedule(items: list[pytest.Item], distributed: bool = False) -> None:
+    """Mark each item ``serial`` or not, and group the ones sharing a module-scoped fixture (see the docstring).
+
+    ``distributed``: the run is spread over pytest-xdist workers: the ``serial`` tests then form one group, which one
+    worker runs one at a time while the others run the rest, and come first in ``items``, so that the longest
+    chain of the run starts first."""
     finder = LauncherFinder()
     for item in items:
         fixtures = _fixture_functions(item)
@@ -112,5 +123,26 @@ def schedule(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.serial)
         elif explicit and not item.get_closest_marker("serial"):
             item.add_marker(pytest.mark.serial)
-        if any(scope in SHARED_SCOPES for _, scope in fixtures):
+        if distributed and item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+        elif any(scope in SHARED_SCOPES for _, scope in fixtures):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if distributed:  # a stable sort: every worker collects the same order, each module's tests stay together
+        items.sort(key=lambda item: item.get_closest_marker("serial") is None)
+
+
+#: the priority of a worker that is not running the serial chain: the lowest, as Ray runs its own workers at nice 15
+#: (its worker_niceness): at 10 the side workers took the cores from the Ray tests' training processes (+40% wall)
+SIDE_NICENESS = 19
+_FIRST_ITEM_SEEN: list[bool] = []
+
+
+def yield_to_the_serial_chain(item: pytest.Item) -> None:
+    """At an xdist worker's first test: a worker that does not start with the ``serial`` chain lowers its priority
+    (``os.nice``; the processes its tests start inherit it). The chain is the run's critical path and its tests time
+    what their processes do (a watchdog, a collective's timeout); the others only fill the cores it leaves idle."""
+    if _FIRST_ITEM_SEEN or "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    _FIRST_ITEM_SEEN.append(True)
+    if not item.get_closest_marker("serial"):
+        os.nice(SIDE_NICENESS)
