@@ -20,8 +20,10 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "distributed", "failure_script.
 
 def _run(workdir, *flags: str) -> tuple[dict[int, dict], str]:
     """Each process's result (when it wrote one) and the whole log."""
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", SCRIPT, "--workdir",
-              str(workdir), *flags]
+    # torchrun's agent looks at its processes every 0.1 s and SIGTERMs the others once one died: on a loaded machine
+    # it could end process 0 before process 0 saw process 1 go, and these tests are about what process 0 says
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--monitor-interval", "5", SCRIPT,
+              "--workdir", str(workdir), *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
     log = proc.stdout + proc.stderr
