@@ -111,8 +111,8 @@ def schedule(items: list[pytest.Item], distributed: bool = False) -> None:
     """Mark each item ``serial`` or not, and group the ones sharing a module-scoped fixture (see the docstring).
 
     ``distributed``: the run is spread over pytest-xdist workers: the ``serial`` tests then form one group, which one
-    worker runs one at a time while the others run the rest, and come first in ``items``, so that the longest
-    chain of the run starts first."""
+    worker runs one at a time while the others run the rest. ``items`` are ordered longest units first: the serial
+    chain (the run's critical path), then the other groups, then the single tests, which even out the end."""
     finder = LauncherFinder()
     for item in items:
         fixtures = _fixture_functions(item)
@@ -127,8 +127,10 @@ def schedule(items: list[pytest.Item], distributed: bool = False) -> None:
             item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
         elif any(scope in SHARED_SCOPES for _, scope in fixtures):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    if distributed:  # a stable sort: every worker collects the same order, each module's tests stay together
-        items.sort(key=lambda item: item.get_closest_marker("serial") is None)
+    if distributed:  # the serial chain, then the groups (long units), then the rest, which fills in at the end;
+        # a stable sort: every worker collects the same order, each module's tests stay together
+        items.sort(key=lambda item: (item.get_closest_marker("serial") is None,
+                                     item.get_closest_marker("xdist_group") is None))
 
 
 #: the priority of a worker that is not running the serial chain: the lowest, as Ray runs its own workers at nice 15
