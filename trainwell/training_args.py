@@ -519,7 +519,7 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
                      loss_only: bool = False) -> Self:
         """Set the evaluation options; ``do_eval`` follows the strategy."""
         self.eval_strategy = normalize.coerce_enum("eval_strategy", strategy, IntervalStrategy)
-        _require_steps(self.eval_strategy, steps, "eval")
+        validate.require_steps(self.eval_strategy, steps, "eval")
         self.do_eval = self.eval_strategy != IntervalStrategy.NO
         self.eval_steps, self.per_device_eval_batch_size = steps, batch_size
         self.eval_accumulation_steps, self.prediction_loss_only = accumulation_steps, loss_only
@@ -535,7 +535,7 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
                  total_limit: int | None = None, on_each_node: bool = False) -> Self:
         """Set the checkpointing options."""
         self.save_strategy = normalize.coerce_enum("save_strategy", strategy, SaveStrategy)
-        _require_steps(self.save_strategy, steps, "save")
+        validate.require_steps(self.save_strategy, steps, "save")
         self.save_steps, self.save_total_limit, self.save_on_each_node = steps, total_limit, on_each_node
         return validate.checked_values(self)
 
@@ -545,7 +545,7 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
                     replica_level: str = "passive") -> Self:
         """Set the logging options (``report_to`` is normalized like the field)."""
         self.logging_strategy = normalize.coerce_enum("logging_strategy", strategy, IntervalStrategy)
-        _require_steps(self.logging_strategy, steps, "logging")
+        validate.require_steps(self.logging_strategy, steps, "logging")
         for name, value in (("log_level", level), ("log_level_replica", replica_level)):
             if value not in LOG_LEVELS:
                 raise choice_error(name, value, LOG_LEVELS)
@@ -595,7 +595,3 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
         self.ignore_data_skip, self.data_seed = ignore_data_skip, sampler_seed
         return validate.checked_values(self)
 
-
-def _require_steps(strategy: Any, steps: Any, what: str) -> None:
-    if strategy == IntervalStrategy.STEPS and not steps:
-        raise ValueError(f"steps={steps!r} with {what}_strategy='steps': pass a positive number of steps.")

@@ -394,3 +394,9 @@ def validate_args(args: Any) -> None:
 
     for check in (check_field_kinds, *_CHECKS):
         check(args)
+
+
+def require_steps(strategy: Any, steps: Any, what: str) -> None:
+    """``set_evaluate``/``set_save``/``set_logging``: a ``"steps"`` strategy needs a positive number of steps."""
+    if strategy == "steps" and not steps:
+        raise ValueError(f"steps={steps!r} with {what}_strategy='steps': pass a positive number of steps.")
