@@ -20,7 +20,7 @@ uninterrupted run's random draws continue exactly).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from trainwell.checkpoint.checkpointer import Provider
@@ -70,7 +70,8 @@ class EpochIterator:
                 draw_loader_seed()  # the epoch began after the saved state in the run that saved: draw as it did
         return self._windows(batches, skip_windows)
 
-    def _windows(self, batches: Iterator[Any], window: int, after_first: Any = None) -> Iterator[list[Any]]:
+    def _windows(self, batches: Iterator[Any], window: int,
+                 after_first: Callable[[], Any] | None = None) -> Iterator[list[Any]]:
         """The windows from ``window`` on; ``after_first`` is called once the first one is read."""
         while True:
             size = self.plan.window_size(window)
