@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -212,12 +214,16 @@ def test_remove_unused_columns_for_dict_samples(out_dir):
     trainer.train()
 
 
-def test_hf_datasets_columns_removed(out_dir):
+def test_hf_datasets_columns_removed(out_dir, caplog):
     datasets = pytest.importorskip("datasets")
     base = RegressionDataset(length=32)
     ds = datasets.Dataset.from_dict({"input_x": base.x.tolist(), "labels": base.ys[0].tolist(),
                                      "text": ["t"] * 32}).with_format("torch")
     trainer = Trainer(model=RegressionModel(), args=make_args(out_dir, max_steps=3), train_dataset=ds,
                       eval_dataset=ds)
-    trainer.train()
-    assert "eval_loss" in trainer.evaluate()
+    with caplog.at_level(logging.INFO, logger="trainwell"):
+        trainer.train()
+        assert "eval_loss" in trainer.evaluate()
+    # the message names the set, as _get_dataloader's description says it
+    for name in ("Training", "Evaluation"):
+        assert f"removed from the {name} set: ['text']" in caplog.text, caplog.text

@@ -354,14 +354,15 @@ class Trainer:
         """A loader over ``dataset`` with the columns the model does not take removed, as the reference's method
         (TRL's GRPO and RLOO trainers call it from their ``get_*_dataloader``): for training with its resumable
         parts (``build_train_feed``), else in trainwell's evaluation order unless ``sampler_fn`` returns a sampler.
-        ``dataloader_key``: with persistent workers, kept in ``_eval_dataloaders`` under it."""
+        ``description`` names the set in the log of the removed columns; ``dataloader_key``: with persistent workers,
+        kept in ``_eval_dataloaders`` under it."""
         if not is_training:
             loader = self._eval_loaders.get(dataset, self.data_collator, self._columns(), self.args, self.runtime,
-                                            batch_size, sampler_fn)
+                                            batch_size, sampler_fn, description)
             if dataloader_key is not None and self.args.dataloader_persistent_workers:
                 self._eval_dataloaders[dataloader_key] = loader
             return loader
-        dataset, collator = loaders.without_unused_columns(dataset, self.data_collator, self._columns())
+        dataset, collator = loaders.without_unused_columns(dataset, self.data_collator, self._columns(), description)
         sampler = None if sampler_fn is None or loaders.is_iterable(dataset) else sampler_fn(dataset)
         return build_train_feed(dataset, collator, sampler, self.args, self.runtime, batch_size).loader
 

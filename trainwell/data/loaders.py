@@ -90,14 +90,16 @@ class RemoveColumnsCollator:
         return self.collator(features)
 
 
-def remove_hf_columns(dataset: Any, columns: Sequence[str]) -> Any:
-    """Drop the columns of a ``datasets.Dataset`` that the model cannot take (raising if none would be left)."""
+def remove_hf_columns(dataset: Any, columns: Sequence[str], description: str | None = None) -> Any:
+    """Drop the columns of a ``datasets.Dataset`` that the model cannot take (raising if none would be left);
+    ``description`` names the set in the message ("Training", "Evaluation"...)."""
     present = list(dataset.column_names)
     ignored = [c for c in present if c not in set(columns)]
     if len(ignored) == len(present):
         raise _empty_batch_error(columns, present)
     if ignored:
-        logger.info("Columns not taken by the model's forward were removed from the dataset: %s", ignored)
+        logger.info("Columns not taken by the model's forward were removed from the %s: %s",
+                    f"{description} set" if description else "dataset", ignored)
         dataset = dataset.remove_columns(ignored)
     return dataset
 
@@ -224,8 +226,10 @@ def build_eval_dataloader(
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn, **kwargs)
 
 
-def without_unused_columns(dataset: Any, collator: Callable, columns: Sequence[str] | None) -> tuple[Any, Callable]:
-    """(dataset, collator) with sample keys outside ``columns`` dropped (``columns=None``: keep everything).
+def without_unused_columns(dataset: Any, collator: Callable, columns: Sequence[str] | None,
+                           description: str | None = None) -> tuple[Any, Callable]:
+    """(dataset, collator) with sample keys outside ``columns`` dropped (``columns=None``: keep everything);
+    ``description`` names the set in the message of :func:`remove_hf_columns`.
 
     A ``datasets.Dataset`` loses the columns themselves; any other dataset keeps them and the collator drops
     the keys per batch.
@@ -233,7 +237,7 @@ def without_unused_columns(dataset: Any, collator: Callable, columns: Sequence[s
     if columns is None:
         return dataset, collator
     if is_hf_dataset(dataset):
-        return remove_hf_columns(dataset, columns), collator
+        return remove_hf_columns(dataset, columns, description), collator
     return dataset, RemoveColumnsCollator(collator, columns)
 
 
@@ -272,20 +276,21 @@ class EvalLoaders:
         self._kept: dict[int, tuple[Any, Any]] = {}
 
     def get(self, dataset: Any, collator: Callable, columns: Sequence[str] | None, args: Any, runtime: Any,
-            batch_size: int | None = None, sampler_fn: Callable[[Any], Any] | None = None) -> Any:
+            batch_size: int | None = None, sampler_fn: Callable[[Any], Any] | None = None,
+            description: str | None = None) -> Any:
         """The loader of ``dataset`` in dataset order, sharded without duplicates across processes; or, when
         ``sampler_fn`` returns a sampler for it (a subclass's ``_get_eval_sampler``), the reference's loader with that
         sampler (prepared by Accelerate, which pads the last batches of the other processes with repeated samples).
 
-        ``columns``: the sample keys to keep (see :func:`without_unused_columns`); ``batch_size``: by default
-        ``eval_batch_size``.
+        ``columns``: the sample keys to keep (see :func:`without_unused_columns`, which ``description`` is passed
+        to); ``batch_size``: by default ``eval_batch_size``.
         """
         persistent = args.dataloader_persistent_workers and args.dataloader_num_workers > 0
         kept = self._kept.get(id(dataset))
         if persistent and kept is not None and kept[0] is dataset:
             return kept[1]
         original = dataset
-        dataset, collator = without_unused_columns(dataset, collator, columns)
+        dataset, collator = without_unused_columns(dataset, collator, columns, description)
         batch_size = args.eval_batch_size if batch_size is None else batch_size
         sampler = sampler_fn(dataset) if sampler_fn is not None and not is_iterable(dataset) else None
         if sampler is not None:
