@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainwell.args.resilience import MAX_ROLLBACKS
+from trainwell.checkpoint.checkpointer import Checkpointer
 from trainwell.checkpoint.layout import checkpoint_step, list_checkpoints
 from trainwell.checkpoint.resume import Resume, unusable_reason
 
@@ -150,7 +151,7 @@ def attempts(trainer: Any, train_once: Callable[[Resume | None], Any]) -> Callab
                 return train_once(resume)
             except Rollback as spike:
                 spike.count = max(spike.count, done)
-                resume = Resume.of(trainer, _rollback_point(trainer, spike, factor))  # found and checked as any
+                resume = Checkpointer.find(trainer, _rollback_point(trainer, spike, factor))  # as train() finds one
                 done = spike.count + 1
 
     return train
