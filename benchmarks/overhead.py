@@ -230,8 +230,8 @@ def report(results: dict[str, list[dict[str, float]]], cli: argparse.Namespace) 
             med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
             steady, best = med[f"steady_{clock}_us"], min(r[f"steady_{clock}_us"] for r in runs)
             print(
-                f"{name:<22}{med[f'setup_{clock}_ms']:>10.1f}{med[f'first_{clock}_ms']:>12.2f}{steady:>9.1f}"
-                f"{best:>8.1f}{steady / base:>8.3f}x{steady - base:>+12.1f}{med[f'finish_{clock}_ms']:>10.1f}"
+                f"{name:<22} {med[f'setup_{clock}_ms']:>9.1f} {med[f'first_{clock}_ms']:>11.2f} {steady:>8.1f}"
+                f" {best:>7.1f} {steady / base:>7.3f}x {steady - base:>+11.1f} {med[f'finish_{clock}_ms']:>9.1f}"
             )
     block = results["loop"][0]["block"]
     print(
@@ -266,7 +266,7 @@ def report_calls(found: dict, cli: argparse.Namespace) -> None:
     print(f"\nfunction calls per step (cProfile, steps {short}..{long}; independent of the machine's load):")
     for name, counts in calls.items():
         total = sum(counts.values())
-        print(f"{name:<22}{total:>9.1f}{total / base:>8.3f}x{total - base:>+9.1f}")
+        print(f"{name:<22} {total:>8.1f} {total / base:>7.3f}x {total - base:>+8.1f}")
     if cli.explain and "trainwell" in calls:
         diff = Counter({k: calls["trainwell"][k] - calls["loop"][k] for k in calls["trainwell"] | calls["loop"]})
         print("\ntrainwell's calls per step minus the loop's, by function (largest first, then the loop's extra):")

@@ -68,9 +68,11 @@ def report(results: dict[str, list[dict[str, float]]], cli: argparse.Namespace) 
         for name, m in med.items():
             total, first = m[f"total_{clock}_ms"], m[f"to_first_{clock}_ms"]
             lines.append(
-                f"{name:<22}{total:>13.2f}{total / base[f'total_{clock}_ms']:>8.3f}x{first:>16.2f}"
-                f"{first / base[f'to_first_{clock}_ms']:>8.2f}x{m[f'setup_{clock}_ms']:>11.2f}"
-                f"{m[f'finish_{clock}_ms']:>11.2f}"
+                # Each field starts with a space, so a slow runner's wide figure (seconds on a busy machine)
+                # pushes the row right instead of running into its neighbour.
+                f"{name:<22} {total:>12.2f} {total / base[f'total_{clock}_ms']:>7.3f}x {first:>15.2f}"
+                f" {first / base[f'to_first_{clock}_ms']:>7.2f}x {m[f'setup_{clock}_ms']:>10.2f}"
+                f" {m[f'finish_{clock}_ms']:>10.2f}"
             )
     lines += ["", "whole run: from building the arguments (the loop: its optimizer) to train() returning; set-up: to "
               "the first step's start; finish: the last step's end to train() returning."]

@@ -34,3 +34,22 @@ def test_smoke_prints_each_runner_with_its_ratio_to_the_loop(tmp_path):
     assert re.search(r"\| \d+\.\d{3}x vs loop \(whole run\) \|", rows[0]) and "to the first step" in rows[0]
     assert "trainwell: fixed cost" in out
     assert "trainwell/trainer.py" in out.split("trainwell: fixed cost", 1)[1]  # the Trainer's own set-up is listed
+
+
+def test_a_wide_figure_never_runs_into_its_neighbour():
+    """On a busy machine a runner can take seconds to its first step and a thousand times the loop: every figure
+    in its row still reads on its own (CI once printed '4025.781022.332x')."""
+    spec = importlib.util.spec_from_file_location("short_run_benchmark", SCRIPT)
+    path = list(sys.path)
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = path
+    keys = [f"{part}_{clock}_ms" for part in ("total", "to_first", "setup", "finish") for clock in ("cpu", "wall")]
+    loop = {key: 1.0 for key in keys}
+    slow = {key: 123456.789 for key in keys}
+    cli = type("Cli", (), {"model": "tiny", "steps": 8, "repeats": 1})()
+    lines = module.report({"loop": [loop], "transformers 5.24.0": [slow]}, cli)
+    for row in (line for line in lines if line.startswith("transformers")):
+        assert row[22:].split() == ["123456.79", "123456.789x", "123456.79", "123456.79x", "123456.79", "123456.79"]
