@@ -1,4 +1,5 @@
-"""skip_nonfinite_steps: a step whose loss or gradient norm is NaN/inf is not applied, decided on the device.
+"""skip_nonfinite_steps: a step whose loss or gradient norm is NaN/inf is not applied, decided on the device (on
+the CPU: on the host, where reading a number costs nothing; the ``path`` fixture runs both).
 
 Fault injection: the loss of chosen steps is multiplied by NaN (or made infinite). The run must end bit-equal to a
 run whose optimizer and scheduler did not step at those steps (what the reference's fp16 GradScaler skip does),
@@ -18,6 +19,7 @@ import torch
 from tests.common.models import ClassificationDataset, DropoutMLP
 from trainwell import Trainer, TrainerCallback, TrainingArguments
 from trainwell.checkpoint.finite import NonFiniteWeightsError, nonfinite_tensor
+from trainwell.loop import progress
 
 BAD_STEPS = (3, 4)
 
@@ -60,6 +62,16 @@ class StopAt(TrainerCallback):
         control.should_training_stop = state.global_step == self.step
 
 
+@pytest.fixture(params=["host", "device"])
+def path(request, monkeypatch):
+    """The guard's two paths: the CPU's (decided on the host: a non-finite step is not taken) and an accelerator's
+    (decided on the device: the fused optimizer's found_inf, or the copy guard), which the CPU takes when its reads
+    are treated as syncs."""
+    if request.param == "device":
+        monkeypatch.setattr(progress, "reads_are_free", lambda device: False)
+    return request.param
+
+
 def _args(out, **kwargs) -> TrainingArguments:
     settings = {"max_steps": 8, "per_device_train_batch_size": 4, "logging_steps": 1, "save_strategy": "no",
                 "report_to": "none", "disable_tqdm": True, "learning_rate": 1e-2, **kwargs}
@@ -82,7 +94,7 @@ def _run(out, cls=Poisoned, callbacks=(), **kwargs):
 @pytest.mark.parametrize("bad", [BAD_STEPS, (1,)], ids=["steps-3-4", "first-step"])
 @pytest.mark.parametrize("optim", ["adamw_torch_fused", "adamw_torch", "sgd"],
                          ids=["fused-found_inf", "foreach-copy-guard", "sgd-copy-guard"])
-def test_a_nonfinite_step_is_skipped_as_the_reference_fp16_skip_does(tmp_path, optim, bad):
+def test_a_nonfinite_step_is_skipped_as_the_reference_fp16_skip_does(tmp_path, path, optim, bad):
     # the first step creates the optimizer's state: skipped, it must leave none of the NaN gradient in it
     extra = {"optim_args": "momentum=0.9"} if optim == "sgd" else {}  # SGD with state to guard
     # True: the copy guard too (the default guards only the optimizers that skip a step themselves)
@@ -99,9 +111,13 @@ def test_a_nonfinite_step_is_skipped_as_the_reference_fp16_skip_does(tmp_path, o
     assert guarded.state.log_history[-1]["skipped_nonfinite_steps"] == len(bad)  # the summary: the call's total
     # the optimizer takes no attribute of the guard home with it
     assert not hasattr(getattr(guarded.optimizer, "optimizer", guarded.optimizer), "found_inf")
+    guard = guarded.training_run.guard
+    fused = optim == "adamw_torch_fused"
+    expected = (True, False, False) if path == "host" else (False, fused, not fused)
+    assert (guard.on_host, guard.fused, guard.copies) == expected
 
 
-def test_an_infinite_loss_is_skipped_too_and_counted_at_the_next_log(tmp_path):
+def test_an_infinite_loss_is_skipped_too_and_counted_at_the_next_log(tmp_path, path):
     trainer = _run(tmp_path, kind="inf", bad=(2,), logging_steps=4)
     logs = [e for e in trainer.state.log_history if "loss" in e]
     assert [e.get("skipped_nonfinite_steps") for e in logs] == [1, None]
@@ -113,7 +129,7 @@ def test_without_the_guard_the_weights_turn_nan_as_in_the_reference(tmp_path):
     assert not all(torch.isfinite(p).all() for p in trainer.model.parameters())
 
 
-def test_a_resume_after_a_skipped_step_equals_the_uninterrupted_run(tmp_path):
+def test_a_resume_after_a_skipped_step_equals_the_uninterrupted_run(tmp_path, path):
     # The skip at step 4 is counted on the device and read at the save of step 4 (the schedule moves back there),
     # then logged at step 6: the checkpoint carries both, so the resumed run logs and trains what the whole one did.
     settings = {"logging_steps": 3, "save_strategy": "steps", "save_steps": 4, "bad": (4,)}
@@ -159,7 +175,7 @@ def test_the_finite_check_passes_over_float8_weights():
 
 
 @pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"], ids=["fused", "copy-guard"])
-def test_a_run_without_nonfinite_steps_trains_bit_for_bit_as_without_the_guard(tmp_path, optim):
+def test_a_run_without_nonfinite_steps_trains_bit_for_bit_as_without_the_guard(tmp_path, path, optim):
     guarded = _run(tmp_path / "on", cls=Trainer, optim=optim, optim_args="momentum=0.9" if optim == "sgd" else None,
                    skip_nonfinite_steps=True)
     plain = _run(tmp_path / "off", cls=Trainer, optim=optim, optim_args="momentum=0.9" if optim == "sgd" else None,
@@ -170,7 +186,7 @@ def test_a_run_without_nonfinite_steps_trains_bit_for_bit_as_without_the_guard(t
 
 
 @pytest.mark.parametrize("optim", ["adamw_torch_fused", "adamw_torch"], ids=["fused", "foreach"])
-def test_by_default_only_an_optimizer_that_skips_itself_is_guarded(tmp_path, optim, caplog):
+def test_by_default_only_an_optimizer_that_skips_itself_is_guarded(tmp_path, path, optim, caplog):
     """skip_nonfinite_steps=None (the default): the fused optimizers skip through found_inf at no copy; another
     optimizer is not copied each step (its non-finite step is applied, as on the reference), and the log says how
     to guard it."""
@@ -181,7 +197,8 @@ def test_by_default_only_an_optimizer_that_skips_itself_is_guarded(tmp_path, opt
     assert ("Set skip_nonfinite_steps=True" in caplog.text) is (optim == "adamw_torch")
 
 
-def test_a_train_that_fails_before_its_first_step_takes_the_guard_off_the_optimizer(tmp_path):
+@pytest.mark.parametrize("path", ["device"], indirect=True)  # the host path never sets found_inf
+def test_a_train_that_fails_before_its_first_step_takes_the_guard_off_the_optimizer(tmp_path, path):
     """The fused optimizer carries the guard's found_inf from the moment the step is built; a callback that raises
     in on_train_begin must not leave it there (a later optimizer.step() by hand would read a stale flag)."""
 

@@ -21,6 +21,13 @@ How a step is not applied:
   on an accelerator) moves on;
 * under a grad scaler (fp16) the scaler already skips such steps; its skips are counted the same way.
 
+On the CPU, where reading a tensor is a memory read and not a sync (``LossTracker.on_host``: the loss tracker reads
+each loss there already), the guard decides on the host instead, at no kernel: the window's losses were finite (the
+tracker saw them) and the norm is (one read of a number the step has anyway); a step found non-finite is not taken at
+all, as the reference's fp16 skip leaves it (``decide`` returns False), and the count is a Python int. Parameters
+and state match the device path's; only the state of a skipped first step differs: never created, where the device
+path creates it at zero (the next step's arithmetic is the same).
+
 The skipped steps are counted on the device and read at the next log, in the log's one host transfer
 (``LossTracker.read_window``), which logs them as ``skipped_nonfinite_steps``. The learning-rate schedule then
 moves back by that many steps (``trainwell.optim.schedulers.rewind``), so from that log on it stands where the
@@ -32,6 +39,7 @@ uninterrupted run. The step's RNG draws (dropout) are taken, as in the reference
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,6 +48,7 @@ from trainwell.optim.schedulers import rewind
 
 if TYPE_CHECKING:
     from trainwell.hooks import TrainerHooks
+    from trainwell.loop.progress import LossTracker
 
 logger = logging.getLogger(__name__)
 
@@ -54,25 +63,31 @@ class StepGuard:
     """The non-finite guard of one ``train()`` call (see the module docstring).
 
     ``with_loss``: the window's loss takes part in the decision (a single process); ``scaler_skips``: a grad scaler
-    skips non-finite steps itself, and the guard only counts its skips.
+    skips non-finite steps itself, and the guard only counts its skips; ``losses``: the run's loss tracker, whose
+    host path (the CPU) makes the guard decide on the host too.
     """
 
     def __init__(self, optimizer: Any, scheduler: Any, device: torch.device, with_loss: bool,
-                 scaler_skips: bool = False) -> None:
+                 scaler_skips: bool = False, losses: LossTracker | None = None) -> None:
         self.optimizer = getattr(optimizer, "optimizer", optimizer)  # the torch optimizer under Accelerate's wrapper
         self.scheduler = scheduler
         self.with_loss = with_loss
         #: a grad scaler skips the non-finite steps itself: only its (host-known) skips are counted
         self.scaler_skips = scaler_skips
+        #: the loss tracker reads every loss on the host (the CPU): decide there, with no kernel (module docstring)
+        self.losses = losses if losses is not None and losses.on_host and not scaler_skips else None
+        self.on_host = self.losses is not None
+        self._nonfinite_seen = 0  #: the tracker's count of non-finite losses at the last decision (host path)
         self.found = torch.zeros((), dtype=torch.float32, device=device)
-        self.count = torch.zeros((), dtype=torch.float32, device=device)  #: skipped since the count was last read
+        #: skipped since the count was last read (a device tensor; a Python int on the host path)
+        self.count: torch.Tensor | int = 0 if self.on_host else torch.zeros((), dtype=torch.float32, device=device)
         self.pending = 0  #: skips read at a save, not logged yet
         self.total = 0  #: skips of this train() call read so far
-        self.fused = not scaler_skips and takes_found_inf(self.optimizer)
+        self.fused = not scaler_skips and not self.on_host and takes_found_inf(self.optimizer)
         #: the copy guard: the optimizer cannot skip a step itself
-        self.copies = not scaler_skips and not self.fused
+        self.copies = not scaler_skips and not self.fused and not self.on_host
         #: the optimizer step needs :meth:`after_step` (the copy guard's undo, or counting a scaler's skips)
-        self.undoes = not self.fused
+        self.undoes = self.copies or scaler_skips
         self._saved: list[torch.Tensor] = []
         self._guarded: list[torch.Tensor] = []
         self._fresh: list[torch.Tensor] = []
@@ -82,7 +97,7 @@ class StepGuard:
             self.optimizer.found_inf = self.found
 
     @classmethod
-    def of(cls, hooks: TrainerHooks) -> StepGuard | None:
+    def of(cls, hooks: TrainerHooks, losses: LossTracker | None = None) -> StepGuard | None:
         """The guard the arguments ask for; None when ``skip_nonfinite_steps`` is False, when the engine steps its
         own optimizer (DeepSpeed, whose fp16 loss scaler skips overflowing steps itself), or, at the default (None),
         when only the copy guard could skip the step: its copy of the parameters and optimizer state is a cost in
@@ -103,12 +118,16 @@ class StepGuard:
                         type(getattr(hooks.optimizer, "optimizer", hooks.optimizer)).__name__)
             return None
         return cls(hooks.optimizer, hooks.lr_scheduler, runtime.device, with_loss=runtime.num_processes == 1,
-                   scaler_skips=precision.can_skip_steps)
+                   scaler_skips=precision.can_skip_steps, losses=losses)
 
     # ------------------------------------------------------------------------------------------- one step
-    def decide(self, grad_norm: Any, window_loss: Any) -> None:
-        """Set ``found`` from this step's gradient norm and (single process) summed loss, and count it: no host
-        read, four scalar kernels (add, mul, ne, add_; the sum promotes a half-precision loss to the norm's float)."""
+    def decide(self, grad_norm: Any, window_loss: Any) -> bool:
+        """Whether to take the optimizer step. On the device path: set ``found`` from this step's gradient norm and
+        (single process) summed loss, and count it, with no host read and four scalar kernels (add, mul, ne, add_;
+        the sum promotes a half-precision loss to the norm's float); the step is taken, and skips itself. On the
+        host path: False for a non-finite step, which is counted, and no kernel."""
+        if self.on_host:
+            return self._decide_on_host(grad_norm)
         if self.with_loss:  # one process: a plain tensor norm, and the loss
             total = window_loss if grad_norm is None else grad_norm + window_loss
         elif hasattr(grad_norm, "full_tensor"):  # a DTensor norm (FSDP2, tensor parallel): its value on every process
@@ -117,11 +136,23 @@ class StepGuard:
             total = grad_norm
         if total is None:  # an engine that measured no norm, and no loss to look at: apply the step
             self.found.zero_()
-            return
+            return True
         torch.ne(total * 0, 0, out=self.found)  # x * 0 is 0 for a finite x, NaN for NaN and +-inf
         self.count.add_(self.found)
         if self.copies:
             self._copy_before_step()
+        return True
+
+    def _decide_on_host(self, grad_norm: Any) -> bool:
+        seen = self.losses.nonfinite_seen
+        bad = self.with_loss and seen != self._nonfinite_seen  # a loss of this window was NaN or infinite
+        self._nonfinite_seen = seen
+        if not bad and grad_norm is not None:
+            norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+            bad = not math.isfinite(float(norm))  # the same value on every process (the reduced gradients')
+        if bad:
+            self.count += 1
+        return not bad
 
     def after_step(self, scaler_skipped: bool = False) -> None:
         """Undo a skipped step (the copy guard), or count a grad scaler's skip (known on the host already)."""
@@ -178,7 +209,10 @@ class StepGuard:
         log (a save)."""
         new = int(read or 0)
         if not self.scaler_skips and new:  # (a grad scaler's skips are counted in pending already, host-side)
-            self.count.zero_()
+            if self.on_host:
+                self.count = 0
+            else:
+                self.count.zero_()
             self._rewind(new)
             self.pending += new
             self.total += new

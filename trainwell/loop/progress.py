@@ -69,6 +69,8 @@ class LossTracker:
         self.logged_total = 0.0  #: every loss taken so far in this train() call
         self.last_logged_step = last_logged_step  #: the global step of the last loss log
         self.added = 0  #: losses added since the last take
+        #: non-finite losses seen in this train() call, on the host path (skip_nonfinite_steps' guard compares it)
+        self.nonfinite_seen = 0
         self.finite: Any = 0  #: of those, the finite ones (a device tensor on an accelerator)
         self.empty: Any = 0  #: micro-batches since the last take whose labels are all -100 (when counted)
         self.warned: set[str] = set()
@@ -82,8 +84,10 @@ class LossTracker:
             value = float(loss)
             if math.isfinite(value):
                 self.finite += 1
-            elif self.nan_inf_filter:
-                value = self.total / (1 + steps_since_log)
+            else:
+                self.nonfinite_seen += 1
+                if self.nan_inf_filter:
+                    value = self.total / (1 + steps_since_log)
             self.total += value
             return
         # isfinite in two kernels (x - x is 0 exactly for a finite x, NaN otherwise; torch.isfinite takes four),

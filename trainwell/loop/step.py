@@ -73,8 +73,9 @@ class OptimizerStep:
         self.learning_rate: float | None = None
         self.listening: dict[str, bool] = {}
         #: ``skip_nonfinite_steps`` (None: off); the log/save boundary reads its count through the run
-        self.guard = run.guard = StepGuard.of(hooks)
-        self.sums_loss = self.guard is not None and self.guard.with_loss
+        self.guard = run.guard = StepGuard.of(hooks, run.losses)
+        # the device path's view of the window's loss (the host path asks the loss tracker instead)
+        self.sums_loss = self.guard is not None and self.guard.with_loss and not self.guard.on_host
         run.losses.guarded = self.guard is not None
         self.window_loss: Any = None
 
@@ -139,9 +140,8 @@ class OptimizerStep:
         self.grad_norm = self.precision.clip_grad_norm_(self.params, self.max_norm)
         if self.listening["on_pre_optimizer_step"]:
             self._fire("on_pre_optimizer_step")
-        if guard is not None and not guard.scaler_skips:
-            guard.decide(self.grad_norm, self.window_loss)
-        hooks.optimizer.step()
+        if guard is None or guard.scaler_skips or guard.decide(self.grad_norm, self.window_loss):
+            hooks.optimizer.step()
         skipped = self.precision.can_skip_steps and self.precision.step_was_skipped  # fp16 overflow
         if guard is not None and guard.undoes:
             guard.after_step(skipped)
