@@ -67,3 +67,19 @@ def make_args(out_dir, **kwargs):
     defaults = dict(output_dir=out_dir, report_to="none", disable_tqdm=True, use_cpu=True, save_strategy="no")
     defaults.update(kwargs)
     return TrainingArguments(**defaults)
+
+
+@pytest.fixture
+def clean_launcher_env(monkeypatch):
+    """No launcher's variables (Accelerate's mixed precision, torchrun's ranks) from the environment the suite runs
+    in: the TrainingArguments tests ask for it (``pytestmark``)."""
+    for name in ("ACCELERATE_MIXED_PRECISION", "WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def no_support_check(monkeypatch):
+    """For mapping tests whose target field trainwell does not act on yet (so construction would refuse it)."""
+    from trainwell.args import support
+
+    monkeypatch.setattr(support, "check_supported", lambda args, defaults: None)
