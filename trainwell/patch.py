@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     if target is None:
         print(f"trainwell.patch: -m needs a module name.\n{USAGE}", file=sys.stderr)
         return 2
-    missing = None if as_module else _missing(target, as_module)
+    # a script, or a module whose top-level package is not even there, is checked without importing anything (the
+    # patch imports the reference's Trainer: seconds); a module's own lookup waits for the patch (below)
+    missing = _missing(target.split(".")[0], True, report=target) if as_module else _missing(target, as_module)
     if missing is None:
         from trainwell.integrations.underneath import patch_transformers
 
@@ -66,8 +68,9 @@ def _target(argv: list[str]) -> tuple[str | None, list[str], bool]:
     return first, argv[1:], False
 
 
-def _missing(target: str, as_module: bool) -> str | None:
-    """Why ``target`` cannot be run (None when it can)."""
+def _missing(target: str, as_module: bool, report: str | None = None) -> str | None:
+    """Why ``target`` cannot be run (None when it can); the message names ``report`` (default: ``target``). A
+    top-level module name is looked up without importing anything; a dotted one imports its parent packages."""
     if not as_module:
         return None if os.path.isfile(target) else f"no such script: {target!r} (pass -m MODULE for a module)."
     try:
@@ -75,7 +78,7 @@ def _missing(target: str, as_module: bool) -> str | None:
     except (ImportError, ValueError):
         found = None
     if found is None:
-        return f"no module named {target!r}: is its package installed in this Python ({sys.executable})?"
+        return f"no module named {report or target!r}: is its package installed in this Python ({sys.executable})?"
     return None
 
 
