@@ -210,3 +210,25 @@ def test_a_train_that_fails_before_its_first_step_takes_the_guard_off_the_optimi
     with pytest.raises(RuntimeError, match="callback failed"):
         trainer.train()
     assert not hasattr(getattr(trainer.optimizer, "optimizer", trainer.optimizer), "found_inf")
+
+
+class NanLossOnly(Trainer):
+    """The loss of the first micro-batch of step 3 is NaN through a constant (no gradient path): the gradients and
+    their norm stay finite, so only the window's loss can tell the step is bad."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 5:  # two micro-batches a step: the fifth call is step 3's first
+            loss = loss + torch.tensor(float("nan"))
+        return loss
+
+
+def test_a_nan_loss_in_an_early_micro_batch_skips_the_step_though_the_gradients_are_finite(tmp_path, path):
+    guarded = _run(tmp_path / "guarded", cls=NanLossOnly, gradient_accumulation_steps=2, skip_nonfinite_steps=True)
+    by_hand = _run(tmp_path / "by_hand", cls=Trainer, callbacks=[SkipByHand((3,))], gradient_accumulation_steps=2,
+                   skip_nonfinite_steps=False)
+    ours, theirs = _weights(guarded), _weights(by_hand)
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    logged = {e["step"]: e.get("skipped_nonfinite_steps") for e in guarded.state.log_history if "loss" in e}
+    assert logged == {step: 1 if step == 3 else None for step in range(1, 9)}
