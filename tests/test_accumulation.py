@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -32,6 +34,7 @@ def test_count_items():
     assert count_items({"labels": labels}, ["labels"], shift_labels=True) == 1  # labels[..., 1:]
     assert count_items({"labels": torch.ones(4, 2)}, ["labels"]) == 8  # float targets: every entry
     assert count_items({"x": torch.ones(5, 3)}, ["labels"]) == 5  # no labels: samples
+    assert count_items([{"prompt": "a"}, {"prompt": "b"}], ["labels"]) is None  # no tensor: nothing to count
     shifted = {"labels": labels, "shift_labels": torch.tensor([[2, -100], [-100, -100]])}
     assert count_items(shifted, ["labels"]) == 1
 
@@ -161,3 +164,36 @@ def test_explicit_accepts_loss_kwargs_attribute_wins(out_dir):
     trainer = Trainer(model=Opted(), args=make_args(out_dir, max_steps=1), train_dataset=RegressionDataset())
     assert trainer.model_accepts_loss_kwargs
     trainer.train()
+
+
+@pytest.mark.parametrize("scaled_for_ga", [True, None])
+def test_batches_without_tensors_get_no_item_count_and_no_warning_as_on_the_reference(out_dir, scaled_for_ga):
+    # TRL's GRPO collates a batch as the list of its prompts (no tensor): the reference passes
+    # num_items_in_batch=None, scales the loss by the accumulation only when it is not scaled for it already,
+    # and warns of nothing. trainwell passed 0 and warned that every label was -100.
+    seen = []
+
+    class PromptTrainer(Trainer):
+        loss_is_scaled_for_ga = scaled_for_ga
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            seen.append(num_items_in_batch)
+            return model.w * sum(len(row["prompt"]) for row in inputs)
+
+    class Weight(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(()))
+
+    prompts = [{"prompt": "a" * (i + 1)} for i in range(8)]
+    args = make_args(out_dir, learning_rate=1.0, optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0,
+                     per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=1,
+                     remove_unused_columns=False, train_sampling_strategy="sequential")
+    trainer = PromptTrainer(model=Weight(), args=args, train_dataset=prompts, data_collator=lambda rows: rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        trainer.train()
+    assert seen == [None, None]
+    # the window's prompts have 1+2 and 3+4 characters: the gradient is their sum, or their mean per micro-batch
+    expected = -(3 + 7) if scaled_for_ga else -(3 + 7) / 2
+    assert trainer.model.w.item() == pytest.approx(expected)

@@ -48,12 +48,13 @@ def updates_per_epoch(batches_in_epoch: int, accumulation_steps: int) -> int:
     return max(math.ceil(batches_in_epoch / accumulation_steps), 1)
 
 
-def count_items(batch: Any, label_names: Sequence[str], shift_labels: bool = False) -> torch.Tensor | int:
+def count_items(batch: Any, label_names: Sequence[str], shift_labels: bool = False) -> torch.Tensor | int | None:
     """Loss items in one micro-batch: a 0-d tensor on the labels' device, or a Python int (no host sync).
 
     Integer labels count their entries that are not ``-100`` (over ``labels[..., 1:]`` when the model shifts
     labels, or over a collator-provided ``shift_labels``); float labels count every entry; a batch without
-    labels counts its samples.
+    labels counts its samples. None when the batch holds no tensor at all (TRL's GRPO batches are lists of
+    prompts): there is nothing to count, and the reference passes ``num_items_in_batch=None`` then.
     """
     if isinstance(batch, Mapping):
         if "shift_labels" in batch and isinstance(batch["shift_labels"], torch.Tensor):
@@ -67,7 +68,7 @@ def count_items(batch: Any, label_names: Sequence[str], shift_labels: bool = Fal
                     labels = labels[..., 1:]
                 return labels.ne(-100).sum()
     # Python ints, not new CPU tensors: copying a pageable CPU tensor to a GPU synchronizes the stream.
-    return find_batch_size(batch) or 0
+    return find_batch_size(batch)
 
 
 def find_batch_size(batch: Any) -> int | None:
@@ -105,3 +106,10 @@ def loss_factors(
     else:
         denominator = max(int(window_items), 1)
     return [n * world_size / denominator for n in micro_items]
+
+
+def uncounted_factors(window_length: int, loss_scaled_for_ga: bool) -> list[float]:
+    """The factors of a window whose batches hold nothing to count (``num_items_in_batch`` is None), as the
+    reference scales such a loss: as is when the loss says it is already scaled for the accumulation
+    (``loss_is_scaled_for_ga``, or a ``compute_loss_func``), else divided by the window's micro-batches."""
+    return [1.0 if loss_scaled_for_ga else 1.0 / window_length] * window_length

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainwell.backend.stall import HEART
-from trainwell.loop.accumulation import count_items, loss_factors
+from trainwell.loop.accumulation import count_items, loss_factors, uncounted_factors
 from trainwell.loop.guard import StepGuard
 from trainwell.optim.schedulers import steps_on_metrics
 from trainwell.utils.model import accepts_keyword
@@ -54,6 +54,9 @@ class OptimizerStep:
         if scaled is None:
             scaled = bool(hooks.model_accepts_loss_kwargs) or hooks.compute_loss_func is not None
         self.loss_normalized_by_window = scaled
+        # a window with no count leaves the model nothing to normalize by: only these say the loss is scaled then
+        explicit = hooks.loss_is_scaled_for_ga
+        self.scaled_without_counts = explicit if explicit is not None else hooks.compute_loss_func is not None
         # With one micro-batch per step on one process and a mean loss, every factor is exactly 1: skip it all.
         self.needs_counts = scaled or args.gradient_accumulation_steps > 1 or self.average_across
         self.label_names = hooks.label_names or ["labels"]
@@ -126,6 +129,8 @@ class OptimizerStep:
             return None, None
         device = self.runtime.device
         micro = [count_items(b, self.label_names, self.shift_labels) for b in batches]
+        if any(items is None for items in micro):  # batches without tensors (TRL's GRPO): nothing to count
+            return None, uncounted_factors(len(batches), self.scaled_without_counts)
         self.run.losses.count_empty(micro)
         total = sum(micro[1:], micro[0])  # stays a device tensor when the counts are (no host sync)
         if self.average_across:
