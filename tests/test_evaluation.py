@@ -227,3 +227,42 @@ def test_hf_datasets_columns_removed(out_dir, caplog):
     # the message names the set, as _get_dataloader's description says it
     for name in ("Training", "Evaluation"):
         assert f"removed from the {name} set: ['text']" in caplog.text, caplog.text
+
+
+class _PairModel(nn.Module):
+    """A reward model's shape (TRL's RewardTrainer): each sample a (chosen, rejected) pair, collated as 2 rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(0.37))
+
+    def forward(self, x, labels=None):
+        chosen, rejected = (x * self.w).chunk(2)
+        return {"loss": -nn.functional.logsigmoid(chosen - rejected).mean(), "logits": x * self.w}
+
+
+def test_a_batch_of_two_rows_per_sample_enters_the_eval_loss_once_per_sample_as_on_the_reference(out_dir):
+    # The reference repeats a batch's loss once per sample of the loader's batch (eval_batch_size, the rest of the
+    # dataset on the last batch), not once per row: 7 loss entries here (3, 3, 1), where trainwell had 14. The
+    # mean is then the reference's to the last bit (TRL's reward eval_loss differed there for 1 seed in 12).
+    def pairs(rows):
+        x = torch.tensor([r["c"] for r in rows] + [r["r"] for r in rows])
+        return {"x": x, "labels": torch.zeros(2 * len(rows))}
+
+    seen = {}
+
+    def metrics(prediction):
+        seen["losses"] = prediction.losses
+        return {}
+
+    g = torch.Generator().manual_seed(3)
+    data = [{"c": float(c), "r": float(r)} for c, r in torch.randn(7, 2, generator=g)]
+    args = make_args(out_dir, per_device_eval_batch_size=3, remove_unused_columns=False, include_for_metrics=["loss"])
+    trainer = Trainer(model=_PairModel(), args=args, data_collator=pairs, compute_metrics=metrics)
+    eval_loss = trainer.evaluate(data)["eval_loss"]
+    model = _PairModel()
+    with torch.no_grad():
+        batch_losses = [model(**pairs(data[i:i + 3]))["loss"].float().item() for i in (0, 3, 6)]
+    expected = np.repeat(np.array(batch_losses, dtype=np.float32), [3, 3, 1])
+    np.testing.assert_array_equal(seen["losses"], expected)
+    assert eval_loss == expected.mean().item()

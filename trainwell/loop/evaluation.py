@@ -30,7 +30,7 @@ from trainwell.backend.stall import HEART
 from trainwell.data.loaders import has_length
 from trainwell.data.sharding import step_counts
 from trainwell.loop.accumulation import find_batch_size
-from trainwell.loop.gather import OutputAccumulator, make_gatherer, to_numpy
+from trainwell.loop.gather import LocalGatherer, OutputAccumulator, make_gatherer, to_numpy
 from trainwell.loop.metric_checks import check_compute_metrics, checked_metrics
 from trainwell.loop.progress import has_train_eval_modes
 from trainwell.outputs import EvalLoopOutput, EvalPrediction, PredictionOutput
@@ -188,6 +188,10 @@ class _EvalRun:
         self.stage: list[list[Any]] = []
         self.metrics: dict[str, Any] | None = None
         self.observed = 0
+        # the samples of a batch, as the loader counts them (a batch may hold several rows per sample)
+        self.loader_batch = getattr(dataloader, "batch_size", None)
+        self.local = isinstance(self.gather, LocalGatherer)
+        self.samples_left = expected
 
     def step(self, model: torch.nn.Module, step: int, item: Any, is_last: bool, ignore_keys: Any) -> None:
         trainer = self.trainer
@@ -198,7 +202,7 @@ class _EvalRun:
         if logits is not None and trainer.preprocess_logits_for_metrics is not None:
             logits = trainer.preprocess_logits_for_metrics(logits, labels)
         # One loss entry per sample, so a short last batch weighs what it holds in the mean.
-        losses = None if loss is None else loss.detach().float().reshape(1).repeat(rows)
+        losses = None if loss is None else loss.detach().float().reshape(1).repeat(self._samples(rows))
         main = self._metric_inputs(inputs) if self.include_inputs else None
         parts = self.gather([losses, logits, labels, main], counts)
         if self.batch_metrics:
@@ -208,6 +212,20 @@ class _EvalRun:
         self.stage.append(parts)
         if len(self.stage) >= self.flush_every:
             self._flush()
+
+    def _samples(self, rows: int) -> int:
+        """The samples of this batch, each one loss entry: the loader's batch size (the dataset's rest on the
+        last batch of one process), as the reference counts them, so that a batch of two rows per sample (TRL's
+        reward pairs) weighs its samples, not its rows; the batch's rows where the loader has no batch size, or
+        the dataset no length (where the reference weighs a short last batch as a full one)."""
+        size = self.loader_batch
+        if not self.local:  # several processes: the gatherer drops the padding rows of the last batch
+            return size or rows
+        if not size or self.samples_left is None:  # no length: the last batch's own rows, not a full batch
+            return rows
+        samples = min(size, self.samples_left)
+        self.samples_left -= samples
+        return samples if samples > 0 else rows
 
     def _metric_inputs(self, inputs: Any) -> Any:
         """The model's main input (``main_input_name``; without one, the first tensor that is not a label)."""
