@@ -6,7 +6,8 @@
 * a checkpoint written by the reference ``transformers`` Trainer resumes in trainwell to the reference's own
   final weights;
 * ``save_strategy`` "steps" (int and ratio ``save_steps``), "epoch", "best";
-* ``save_total_limit`` rotation: the best and the newest are always kept, so is the checkpoint resumed from;
+* ``save_total_limit`` rotation: the best and the newest are always kept, so is the one just written; the one
+  resumed from rotates out as on the reference;
 * ``restore_callback_states_from_checkpoint`` with ``EarlyStoppingCallback``; ``ignore_data_skip``; a
   stateful ``IterableDataset`` is not replayed.
 """
@@ -255,18 +256,32 @@ def test_save_total_limit_keeps_best_and_newest(out_dir, limit, load_best):
         assert torch.equal(trainer.model.a.detach(), best["a"]) and torch.equal(trainer.model.b.detach(), best["b"])
 
 
-def test_rotation_never_deletes_the_checkpoint_resumed_from_nor_the_one_just_saved(out_dir):
+def test_rotation_never_deletes_the_one_just_saved_even_below_a_higher_step_left_by_an_earlier_run(out_dir):
     _trainer(out_dir, save_strategy="steps", save_steps=1).train()
     assert _steps(out_dir) == [1, 2, 3, 4, 5, 6]
     record: list = []
     resumed = _trainer(out_dir, save_strategy="steps", save_steps=1, save_total_limit=1,
                        callbacks=[_snapshot_on_save(out_dir, record)])
     resumed.train(resume_from_checkpoint=str(Path(out_dir) / "checkpoint-3"))
-    assert [step for step, _ in record] == [4, 5, 6]
-    for step, kept in record:
-        assert 3 in kept, kept  # the checkpoint being resumed from
-        assert step in kept, kept  # the one just written, even though an older run left a higher step around
-    assert _steps(out_dir) == [3, 6]
+    # the one just written survives, even though an older run left a higher step around
+    assert record == [(4, [4, 6]), (5, [5, 6]), (6, [6])]
+
+
+def test_rotation_after_a_resume_keeps_what_the_reference_keeps(out_dir):
+    # Resumed from checkpoint-4 with a limit of 2, the reference keeps checkpoint-6 and -8: the checkpoint resumed
+    # from is not protected (trainwell kept -4 and -8).
+    from trainwell import TrainerCallback
+
+    class StopAt4(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == 4
+
+    options = dict(max_steps=8, save_strategy="steps", save_steps=2, save_total_limit=2, train_len=32,
+                   per_device_train_batch_size=2)
+    _trainer(out_dir, callbacks=[StopAt4()], **options).train()
+    assert _steps(out_dir) == [2, 4]
+    _trainer(out_dir, **options).train(resume_from_checkpoint=str(Path(out_dir) / "checkpoint-4"))
+    assert _steps(out_dir) == [6, 8]
 
 
 # ------------------------------------------------------------------------------------------ resume details

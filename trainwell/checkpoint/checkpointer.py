@@ -202,9 +202,9 @@ class Checkpointer:
             recorder.stop()
         else:
             # The folder just written is protected too: after resuming from an older checkpoint, a higher-numbered
-            # one left by the earlier run would otherwise count as "the newest" and this one be deleted.
-            resumed = self.resume.path if self.resume is not None else None
-            protected = (state.best_model_checkpoint, resumed, final)
+            # one left by the earlier run would otherwise count as "the newest" and this one be deleted. The one
+            # resumed from is not: it rotates out as any other, as on the reference.
+            protected = (state.best_model_checkpoint, final)
 
             def finish() -> None:
                 try:

@@ -72,7 +72,7 @@ def checkpoints_to_delete(
 ) -> list[Path]:
     """Which of ``checkpoints`` (oldest first) to delete to keep ``limit`` of them.
 
-    The newest checkpoint and every protected one (the best, the one being resumed from) are always kept; when
+    The newest checkpoint and every protected one (the best, the one just written) are always kept; when
     they alone exceed ``limit``, more than ``limit`` survive. Order is by step number, not modification time,
     so a copied or touched folder cannot fool it.
     """
