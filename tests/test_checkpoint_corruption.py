@@ -163,7 +163,7 @@ def test_leftover_temporary_folders_are_never_picked_and_are_cleaned(run_dir):
     started: list[int] = []
     _trainer(str(run_dir), record=started, max_steps=5).train(resume_from_checkpoint=True)
     assert started == [4]
-    assert sorted(p.name for p in run_dir.iterdir()) == [*(f"checkpoint-{s}" for s in range(1, 6)), "live_log.jsonl"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [f"checkpoint-{s}" for s in range(1, 6)]
 
 
 def test_a_folder_that_only_looks_like_a_checkpoint_is_not_picked(run_dir):

@@ -32,6 +32,7 @@ def test_demo_trains_reports_and_resumes(tmp_path, capsys):
     assert "--- generated sample" in text and "where everything is:" in text
     assert (out / "model.safetensors").exists() and (out / "checkpoint-4").is_dir()
     assert (out / "report" / "index.html").exists()
+    assert (out / "live_log.jsonl").is_file()  # the demo asks for the live log (report_to "live")
     state = json.loads((out / "trainer_state.json").read_text())
     evals = [e["eval_loss"] for e in state["log_history"] if "eval_loss" in e]
     assert len(evals) == 3 and all("eval_perplexity" in e for e in state["log_history"] if "eval_loss" in e)
@@ -114,6 +115,7 @@ report: false
     logs = [json.loads(line) for line in open(next((tmp_path / "out" / "runs").iterdir()) / "logs.jsonl")]
     assert [e["step"] for e in logs if "loss" in e] == [2, 4] and logs[0]["learning_rate"] <= 0.1
     assert not (tmp_path / "out" / "report").exists()
+    assert (tmp_path / "out" / "live_log.jsonl").is_file()  # `trainwell train` adds report_to "live"
 
 
 def test_ctrl_c_during_train_writes_the_report_and_says_how_to_resume(tmp_path, capsys, regression_files,

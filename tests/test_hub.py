@@ -111,7 +111,7 @@ def test_save_model_pushes_and_non_blocking_push_returns_a_future(fake_hub, tmp_
 def test_trainwells_own_files_are_never_pushed(fake_hub, tmp_path):
     """The live log and a step_timeout record are trainwell's bookkeeping (the reference writes neither): the
     model repository gets what the reference's would."""
-    trainer = _trainer(tmp_path / "run", hub_strategy="end")
+    trainer = _trainer(tmp_path / "run", hub_strategy="end", report_to="live")
     trainer.train()
     (tmp_path / "run" / "step_timeout.jsonl").write_text("{}\n")
     assert (tmp_path / "run" / "live_log.jsonl").is_file()

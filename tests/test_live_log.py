@@ -40,7 +40,7 @@ class CrashAt(TrainerCallback):
 
 
 def _trainer(out, callbacks=(), **overrides):
-    args = dict(output_dir=str(out), max_steps=30, logging_steps=4, save_steps=7, report_to="none",
+    args = dict(output_dir=str(out), max_steps=30, logging_steps=4, save_steps=7, report_to="live",
                 disable_tqdm=True, use_cpu=True)
     return Trainer(model=RegressionModel(), args=TrainingArguments(**{**args, **overrides}),
                    train_dataset=RegressionDataset(length=64), callbacks=list(callbacks))
@@ -163,3 +163,28 @@ def test_the_reader_takes_only_what_was_added(tmp_path):
     assert reader.poll() and reader.history.entries == [{"loss": 1.0, "step": 1}]
     LiveLog.begin(str(tmp_path), 0, None, 10)  # replaced by a fresh run: read again from its start
     assert reader.poll() and reader.history.entries == []
+
+
+def test_a_plain_run_writes_no_live_log_and_the_watch_follows_it_from_its_checkpoints(tmp_path):
+    # The reference's users count the entries of output_dir (its test_best_model_checkpoint_behavior does): with
+    # report_to="none" the folder holds what the reference's holds; the live log is asked for with "live".
+    from trainwell.report.watch import WatchedRun
+
+    with pytest.raises(RuntimeError, match="crash"):
+        _trainer(tmp_path, [CrashAt(15)], report_to="none").train()  # logs at 4, 8, 12; checkpoints at 7, 14
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-14", "checkpoint-7"]
+    watched = WatchedRun(tmp_path, "run")
+    assert watched.refresh()
+    assert [step for step, _ in watched.run.series["loss"]] == [4, 8, 12]
+    assert watched.run.state_path.endswith("checkpoint-14/trainer_state.json")
+
+
+def test_live_is_a_report_to_switch_that_all_never_picks():
+    from trainwell.args.normalize import normalize_report_to
+    from trainwell.integrations import reporting_callbacks
+
+    assert normalize_report_to(["live", "jsonl"]) == ["live", "jsonl"]
+    assert "live" not in normalize_report_to("all")
+    assert [type(c).__name__ for c in reporting_callbacks(["live", "jsonl"])] == ["JsonlLoggerCallback"]
+    with pytest.raises(ValueError, match="'liv' is not a tracker.*'live'"):
+        normalize_report_to("liv")

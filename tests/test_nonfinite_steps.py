@@ -156,7 +156,7 @@ def test_a_checkpoint_of_nonfinite_weights_is_refused_and_the_previous_one_stays
     with pytest.raises(NonFiniteWeightsError, match=r"checkpoint-4 was not saved: the model's weights are not "
                                                     r"finite \(NaN or inf in 'net\.0\.weight'\)"):
         _run(tmp_path, skip_nonfinite_steps=False, save_strategy="steps", save_steps=2)
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "live_log.jsonl"]  # no checkpoint-4, no staging folder
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2"]  # no checkpoint-4, no staging folder
     state = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
     resumed = Trainer(DropoutMLP(), _args(tmp_path, max_steps=2), train_dataset=ClassificationDataset())

@@ -211,7 +211,7 @@ def test_each_checkpoint_reaches_ray_complete_from_process_zero_only(uninterrupt
     assert result.metrics["loss"] == reports[0]["losses"][-1]
     assert len(result.best_checkpoints) == 3
     # the staging folders are gone; output_dir keeps the Trainer's own checkpoints (and process 0's live log)
-    assert sorted(os.listdir(root / "out")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6", "live_log.jsonl"]
+    assert sorted(os.listdir(root / "out")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
 
 
 def test_a_killed_worker_is_restarted_by_ray_and_resumes_exactly(ray_cluster, uninterrupted, tmp_path):

@@ -43,8 +43,7 @@ def test_optuna_finds_the_better_learning_rate(tmp_path):
     assert best.objective < worse / 2  # 1e-5 barely moves the model from y = 0
     # each trial is a normal run in its own folder, with its checkpoints and its own trainer_state.json
     for run in ("run-0", "run-1"):
-        assert sorted(os.listdir(tmp_path / run)) == ["checkpoint-10", "checkpoint-20", "checkpoint-30",
-                                                      "live_log.jsonl"]
+        assert sorted(os.listdir(tmp_path / run)) == ["checkpoint-10", "checkpoint-20", "checkpoint-30"]
     state = json.loads((tmp_path / f"run-{best.run_id}" / "checkpoint-30" / "trainer_state.json").read_text())
     assert state["is_hyper_param_search"] and state["trial_params"] == {"learning_rate": 0.1}
     assert trainer.hp_search_backend is None  # the Trainer is back to plain training
@@ -65,7 +64,7 @@ def test_trial_values_are_cast_to_the_argument_type_and_hp_name_names_the_folder
     trainer.hyperparameter_search(hp_space=space, n_trials=1, hp_name=lambda t: f"trial-{t.number}-bs",
                                   compute_objective=lambda metrics: metrics["eval_loss"])
     assert seen == [(1.0, 7, 4)] and isinstance(seen[0][0], float) and isinstance(seen[0][1], int)
-    assert sorted(os.listdir(tmp_path / "trial-0-bs")) == ["checkpoint-16", "live_log.jsonl"]  # 64 / 4: one epoch
+    assert sorted(os.listdir(tmp_path / "trial-0-bs")) == ["checkpoint-16"]  # 64 / 4: one epoch
 
 
 class CountSteps(TrainerCallback):
@@ -138,8 +137,7 @@ def test_an_interrupted_study_resumes_its_trial_from_the_checkpoint(tmp_path):
     killed = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     # the killed trial's lock file stays too (the kernel dropped its lock; the next run takes the file over)
-    assert sorted(os.listdir(tmp_path / "out" / "run-0")) == [".trainwell.lock", "checkpoint-10", "checkpoint-20",
-                                                              "live_log.jsonl"]
+    assert sorted(os.listdir(tmp_path / "out" / "run-0")) == [".trainwell.lock", "checkpoint-10", "checkpoint-20"]
     space = {"learning_rate": [0.1]}
 
     counter = CountSteps()
@@ -148,7 +146,7 @@ def test_an_interrupted_study_resumes_its_trial_from_the_checkpoint(tmp_path):
                                        load_if_exists=True, sampler=optuna.samplers.GridSampler(space))
     assert best.run_id == "1" and best.hyperparameters == {"learning_rate": 0.1}
     # the queued trial trained in run-0 from checkpoint-20: 10 more steps, not 30
-    assert sorted(os.listdir(tmp_path / "out" / "run-0"))[-2] == "checkpoint-30"  # then live_log.jsonl
+    assert sorted(os.listdir(tmp_path / "out" / "run-0"))[-1] == "checkpoint-30"
     assert not (tmp_path / "out" / "run-1").exists()
     state = json.loads((tmp_path / "out" / "run-0" / "checkpoint-30" / "trainer_state.json").read_text())
     assert [h["step"] for h in state["log_history"] if "eval_loss" in h] == [10, 20, 30]
@@ -202,7 +200,7 @@ def test_ray_tune_finds_the_better_learning_rate(tmp_path):
     assert best.objective == objectives[0] < objectives[1] / 2
     # each trial trained as a normal run in its own folder, and reported at each evaluation with a checkpoint
     assert sorted(os.listdir(tmp_path / "out" / f"run-{best.run_id}")) == [
-        "checkpoint-10", "checkpoint-20", "checkpoint-30", "live_log.jsonl"]
+        "checkpoint-10", "checkpoint-20", "checkpoint-30"]
     assert trainer.model is not None and trainer.hp_search_backend is None  # the Trainer is whole again
     assert trainer.runtime is not None and trainer.accelerator is trainer.runtime.accelerator
     del live_loader

@@ -178,7 +178,7 @@ def test_default_flow_saves_the_last_step(out_dir):
     shutil.rmtree(out_dir)
     _, rec = run(out_dir, save_strategy="steps", save_steps=10)
     assert rec.counts()["on_save"] == 3  # steps 10, 20, and the last (24): periodic runs end with a checkpoint
-    assert sorted(os.listdir(out_dir)) == ["checkpoint-10", "checkpoint-20", "checkpoint-24", "live_log.jsonl"]
+    assert sorted(os.listdir(out_dir)) == ["checkpoint-10", "checkpoint-20", "checkpoint-24"]
 
 
 @pytest.mark.parametrize("strategy", ["epoch", "steps"])

@@ -354,6 +354,6 @@ def test_report_to_unknown_name_lists_known_ones():
 def test_known_report_to_is_the_one_list():
     assert normalize.KNOWN_REPORT_TO == (  # the reference's names, in its report_to="all" order, then trainwell's
         "azure_ml", "comet_ml", "dagshub", "dvclive", "mlflow", "neptune", "tensorboard", "wandb", "codecarbon",
-        "clearml", "swanlab", "trackio", "kubeflow", "flyte", "jsonl", "csv",
+        "clearml", "swanlab", "trackio", "kubeflow", "flyte", "jsonl", "csv", "live",
     )
-    assert tuple(normalize._REPORT_TO_PACKAGES) == normalize.KNOWN_REPORT_TO
+    assert (*normalize._REPORT_TO_PACKAGES, "live") == normalize.KNOWN_REPORT_TO  # "live" needs no package

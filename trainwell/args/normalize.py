@@ -21,7 +21,7 @@ from typing import Any
 
 from trainwell.args.fields import check_known_keys, coerce_bools, numeric_fields
 from trainwell.args.fsdp import normalize_fsdp
-from trainwell.args.trackers import TRACKERS, kubeflow_enabled
+from trainwell.args.trackers import SWITCHES, TRACKERS, kubeflow_enabled
 from trainwell.outputs import HubStrategy, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, enum_value
 from trainwell.utils.errors import choice_error, did_you_mean
 
@@ -54,7 +54,7 @@ ENUM_FIELDS: dict[str, type] = {
 
 # Tracker names trainwell knows: the keys of the integrations registry (a light module: importing it
 # imports no tracker), so a tracker added there is accepted here with no second list to keep in step.
-KNOWN_REPORT_TO: tuple[str, ...] = tuple(TRACKERS)
+KNOWN_REPORT_TO: tuple[str, ...] = (*TRACKERS, *SWITCHES)
 _REPORT_TO_PACKAGES: dict[str, tuple[str, ...]] = {name: t.packages for name, t in TRACKERS.items()}
 
 DEBUG_OPTIONS: tuple[str, ...] = ("underflow_overflow", "tpu_metrics_debug")

@@ -110,3 +110,19 @@ TRACKERS: dict[str, Tracker] = {
     "jsonl": Tracker(_I + "filelog", "JsonlLoggerCallback", in_all=_never),
     "csv": Tracker(_I + "filelog", "CsvLoggerCallback", in_all=_never),
 }
+
+#: ``report_to`` names that are no tracker but a file trainwell writes itself, asked for by name ("all" never
+#: picks one): ``"live"`` appends each log to ``OUTPUT_DIR/live_log.jsonl`` as it happens, for
+#: ``trainwell report --watch`` (``trainwell.loop.live_log``); ``trainwell demo`` and ``trainwell train`` add it.
+#: Without it the run folder holds what the reference's holds.
+SWITCHES: dict[str, str] = {"live": "OUTPUT_DIR/live_log.jsonl, each log as it happens (trainwell report --watch)"}
+
+
+def wants_live_log(report_to: list[str] | None) -> bool:
+    """Whether a run's normalized ``report_to`` asks for the live log (``report_to`` containing ``"live"``)."""
+    return "live" in (report_to or ())
+
+
+def with_live_log(report_to: list[str]) -> list[str]:
+    """A normalized ``report_to`` with the live log added (what ``trainwell demo`` and ``trainwell train`` run)."""
+    return report_to if wants_live_log(report_to) else [*report_to, "live"]

@@ -42,6 +42,16 @@ def no_cuda_message(flag: str) -> str:
             "GPU: check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device auto or cpu.")
 
 
+def live_report_to(report_to: Any) -> list[str]:
+    """``report_to`` as given (a name, names, "none"), checked, with ``"live"`` added: the runs of ``trainwell
+    demo`` and ``trainwell train`` write their live log for ``trainwell report --watch``, which a plain script
+    asks for by that name."""
+    from trainwell.args.normalize import normalize_report_to
+    from trainwell.args.trackers import with_live_log
+
+    return with_live_log(normalize_report_to(report_to))
+
+
 def interrupted_report(output_dir: str) -> None:
     """Ctrl-C during training: the run's report so far (from its newest checkpoint and its live log), or the
     command that writes it when it cannot be written now."""

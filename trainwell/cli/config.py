@@ -337,5 +337,5 @@ save_steps: 500
 save_total_limit: null         # keep only the newest N checkpoints
 seed: 42
 bf16: false
-report_to: none                # or trackers: [tensorboard, wandb, csv, jsonl, ...]
+report_to: none                # or trackers: [tensorboard, wandb, csv, jsonl, ...]; "live" is always added
 """

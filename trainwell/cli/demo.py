@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from trainwell.cli import CliError, compact_console, interrupted_report, no_cuda_message
+from trainwell.cli import CliError, compact_console, interrupted_report, live_report_to, no_cuda_message
 
 # ~2 minutes on a 2-core CPU for the "small" model (measured; see docs/cli.md, `trainwell demo`).
 DEFAULT_STEPS = 1000
@@ -69,7 +69,7 @@ def training_arguments(ns: argparse.Namespace, resuming: bool) -> Any:
         warmup_steps=max(1, ns.steps // 20), weight_decay=0.1, adam_beta2=0.99, max_grad_norm=1.0,
         logging_steps=max(1, min(10, ns.steps // 20)), eval_strategy="steps", eval_steps=every,
         eval_on_start=not resuming, save_strategy="steps", save_steps=every, save_total_limit=2,
-        include_num_input_tokens_seen="all", report_to=ns.report_to, seed=ns.seed, data_seed=ns.seed,
+        include_num_input_tokens_seen="all", report_to=live_report_to(ns.report_to), seed=ns.seed, data_seed=ns.seed,
         use_cpu=ns.device == "cpu", disable_tqdm=False, dataloader_num_workers=0,
         dataloader_pin_memory=ns.device in ("auto", "cuda") and _gpu_present(),
         enable_jit_checkpoint=True,  # Ctrl-C saves the step in progress, so the rerun resumes there

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from trainwell.cli import CliError, compact_console, interrupted_report
+from trainwell.cli import CliError, compact_console, interrupted_report, live_report_to
 
 USAGE = ("trainwell train CONFIG.yaml [--key value ...]\n"
          "       trainwell train --print-config [CONFIG.yaml [--key value ...]]")
@@ -48,8 +48,10 @@ def prepare(config_path: str, overrides: list[str]) -> tuple[dict[str, Any], Any
     sections, training = cfg.split_config(merged)
     training.setdefault("output_dir", "trainer_output")
     try:
+        # each log in the run folder as it happens, for `trainwell report --watch` (a plain script asks for it)
+        training["report_to"] = live_report_to(training.get("report_to", "none"))
         args = TrainingArguments(**training)
-    except TypeError as err:  # e.g. a mapping where a field wants a number
+    except (TypeError, ValueError) as err:  # e.g. a mapping where a field wants a number, a tracker unknown
         raise CliError(str(err)) from None
     return sections, args
 

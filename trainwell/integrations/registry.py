@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from trainwell.args.trackers import TRACKERS
+from trainwell.args.trackers import SWITCHES, TRACKERS
 from trainwell.utils.errors import did_you_mean
 
 
@@ -31,10 +31,11 @@ def tracker_class(name: str) -> type:
 
 def reporting_callbacks(report_to: list[str] | None) -> list[Any]:
     """Callback instances for the trackers named in ``report_to`` (an empty list for none), checked all at
-    once so a missing package is reported before any work starts."""
-    return [tracker_class(name)() for name in dict.fromkeys(report_to or [])]
+    once so a missing package is reported before any work starts. The switches (``"live"``) have none: the fit
+    loop writes their files."""
+    return [tracker_class(name)() for name in dict.fromkeys(report_to or []) if name not in SWITCHES]
 
 
 def get_reporting_integration_callbacks(report_to: list[str] | None) -> list[type]:
     """The reference's function of that name: the callback *classes* for ``report_to``."""
-    return [tracker_class(name) for name in dict.fromkeys(report_to or [])]
+    return [tracker_class(name) for name in dict.fromkeys(report_to or []) if name not in SWITCHES]

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trainwell.args.trackers import wants_live_log
 from trainwell.backend.runtime import gather_loss_sum
 from trainwell.backend.stall import HEART
 from trainwell.checkpoint.contents import Phase
@@ -65,7 +66,7 @@ class FitLoop:
         self._init_state(plan)
         model = self._prepare(plan, loader)
         run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader))
-        if args.should_save:  # each log in the run folder as it happens, for `trainwell report --watch`
+        if args.should_save and wants_live_log(args.report_to):  # each log as it happens, for report --watch
             run.live_log = self._live_log(plan)
         epochs = EpochIterator(hooks, run.feed, plan, checkpointer)
         self._register(run, epochs)

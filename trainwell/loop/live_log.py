@@ -1,5 +1,8 @@
 """The live log: ``OUTPUT_DIR/live_log.jsonl``, each log entry of a run as it is logged, for watching a run live.
 
+Written only when ``report_to`` names ``"live"`` (``trainwell.args.trackers.SWITCHES``; ``trainwell demo`` and
+``trainwell train`` add it), so that a plain run's folder holds what the reference's holds.
+
 Between two checkpoints a run writes nothing else that a reader could see: ``trainer_state.json`` is written with
 each checkpoint only (and by ``save_state()``). The live log fills that gap, so ``trainwell report`` (and its live
 page, ``--watch``) shows a run up to its last log, reading nothing but the run folder (a shared disk is enough; no
