@@ -303,3 +303,10 @@ def test_sampling_suggested_by_task_json_applies_unless_given():
     assert _generation_defaults({"generation": {"temperature": 0.8, "top_k": 40}}) == {"temperature": 0.8, "top_k": 40}
     assert _generation_defaults({"generation": {"temperature": "hot", "top_k": -1}}) == {}  # not numbers in range
     assert _generation_defaults({"generation": [1]}) == {} and _generation_defaults({}) == {}
+
+
+def test_the_help_names_the_demos_run_as_a_run_to_predict_with(capsys):
+    with pytest.raises(SystemExit):
+        main(["predict", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "output_dir of a `trainwell demo` run or of a `trainwell train` run with a task" in text

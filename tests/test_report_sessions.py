@@ -152,3 +152,18 @@ def test_rounding_of_a_slow_run_is_not_taken_for_a_resume():
     history = [*_losses(range(10, 10001, 10)), {"train_runtime": 813008.0, "train_samples_per_second": 0.098,
                                                 "train_steps_per_second": 0.012, "train_loss": 3.0, "step": 10000}]
     assert len(split_sessions(history)) == 1
+
+
+def test_the_sessions_table_gives_the_steps_each_session_trained_not_its_logged_range(tmp_path):
+    # Logged every 10 steps; the first call saved checkpoint-38 and died, the second resumed there and saved step 73
+    # (its last log at 70). The table said "0-30, 38-70": the logged ranges, not what each session trained.
+    first, second = _losses([10, 20, 30], runtime=1.0), _losses([40, 50, 60, 70], start=6.0, runtime=0.5)
+    sessions = [{"start_step": 0, "resumed_from": None, "max_steps": 73, "num_input_tokens_seen": 0},
+                {"start_step": 38, "resumed_from": "checkpoint-38", "max_steps": 73, "num_input_tokens_seen": 0}]
+    lines = [{"session": sessions[0], "time": 1.0}, *({"log": e, "time": 2.0} for e in first),
+             {"session": sessions[1], "time": 3.0}, *({"log": e, "time": 4.0} for e in second)]
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "live_log.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = _write(tmp_path, first + second, global_step=73, max_steps=73)
+    assert [(s.start_step, s.end_step) for s in run.sessions] == [(0, 30), (38, 70)]
+    assert [r["steps"] for r in session_rows(run)] == ["0-38", "38-73"]

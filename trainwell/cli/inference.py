@@ -35,8 +35,8 @@ from trainwell.cli.tasks import TASK_FILE, TASKS, Task
 from trainwell.cli.tokenizer import ByteTokenizer, TextTokenizer, load_tokenizer
 
 _CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
-_NOT_A_RUN = ("pass the output_dir of a `trainwell train` run with a task: section (text-classification or "
-              "causal-lm), one of its checkpoint-N folders, or the config file that trained it")
+_NOT_A_RUN = ("pass the output_dir of a `trainwell demo` run or of a `trainwell train` run with a task: section "
+              "(text-classification or causal-lm), one of its checkpoint-N folders, or the config file that trained it")
 
 
 # --- finding and reading what a run saved -------------------------------------------------------------------------

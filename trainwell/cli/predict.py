@@ -1,4 +1,5 @@
-"""``trainwell predict RUN [TEXT ...] [--data FILE] [--output FILE]``: use a model ``trainwell train`` trained.
+"""``trainwell predict RUN [TEXT ...] [--data FILE] [--output FILE]``: use a model ``trainwell train`` (with a task)
+or ``trainwell demo`` trained.
 
 Owns the command: where the texts come from (arguments, a ``.txt`` file of one text per line, a JSONL or CSV file's
 text column, or lines on stdin) and where the predictions go (stdout as one line per text, or a JSONL or CSV file).
@@ -25,8 +26,8 @@ _HOW_TO_GIVE = ("give texts as arguments (trainwell predict RUN 'a text' 'anothe
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN",
-                        help="the output_dir of a `trainwell train` run with a task (or one of its checkpoint-N "
-                             "folders, or the config file that trained it)")
+                        help="the output_dir of a `trainwell demo` run or of a `trainwell train` run with a task "
+                             "(or one of its checkpoint-N folders, or the config file that trained it)")
     parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts to predict on (else --data, else stdin)")
     parser.add_argument("--data", metavar="FILE",
                         help="a .txt file (one text per line; blank lines skipped), a .jsonl or .csv file (its text "

@@ -372,3 +372,17 @@ def merged_entries(sessions: list[Session]) -> list[tuple[int, dict[str, Any]]]:
         if first is not None:
             cutoff = min(cutoff, first)
     return [pair for part in reversed(parts) for pair in part]
+
+
+def trained_spans(sessions: list[Session], last_step: Any = None) -> list[tuple[int, int]]:
+    """``(first, last)`` step each session trained, as far as the run tells: its logs reach ``end_step`` only, but
+    a session trained at least up to the step the next one resumed from (the checkpoint it saved there), and the
+    last one up to ``last_step`` (the run's ``global_step``, a step past the last log) when that is further."""
+    ends = [s.end_step for s in sessions]
+    for i in range(len(sessions) - 1):
+        ends[i] = max(ends[i], sessions[i + 1].start_step)
+    final = number(last_step)
+    if sessions and final is not None and math.isfinite(final):
+        ends[-1] = max(ends[-1], int(final))
+    return [(s.start_step, end) for s, end in zip(sessions, ends)]
+

@@ -11,7 +11,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from trainwell.report.incidents import incidents, session_incidents
-from trainwell.report.sessions import Session, weighted_mean_loss
+from trainwell.report.sessions import Session, trained_spans, weighted_mean_loss
 
 if TYPE_CHECKING:
     from trainwell.report.history import RunHistory
@@ -54,15 +54,16 @@ def _number(value: float | None) -> str:
 
 
 def session_rows(run: RunHistory) -> Rows:
-    """One row per ``train()`` call: its steps, runtime, throughput and training loss."""
+    """One row per ``train()`` call: the steps it trained (to the next one's resume point, not to its last log),
+    runtime, throughput and training loss."""
     rows = []
     found = incidents(run)  # skipped non-finite steps, rollbacks and step_timeout stops
-    for session in run.sessions:
+    for session, (first, last) in zip(run.sessions, trained_spans(run.sessions, run.state.get("global_step"))):
         losses = [e["loss"] for e in session.entries if isinstance(e.get("loss"), (int, float))]
         healing = session_incidents(session, found, run.sessions)
         rows.append({
             "session": str(session.index),
-            "steps": f"{session.start_step}-{session.end_step}",
+            "steps": f"{first}-{last}",
             # "≥": a call without its summary is timed to its last log only
             "runtime": ("" if session.runtime_is_complete or session.runtime is None else "≥ ")
             + short_duration(session.runtime),
