@@ -167,3 +167,25 @@ def test_the_sessions_table_gives_the_steps_each_session_trained_not_its_logged_
     run = _write(tmp_path, first + second, global_step=73, max_steps=73)
     assert [(s.start_step, s.end_step) for s in run.sessions] == [(0, 30), (38, 70)]
     assert [r["steps"] for r in session_rows(run)] == ["0-38", "38-73"]
+
+
+def test_hyperparameters_changed_on_resume_read_per_session(tmp_path):
+    # Resumed with another learning rate and length: the block showed only the last session's values.
+    out = str(tmp_path / "out")
+
+    def train(max_steps, learning_rate, resume=None):
+        args = make_args(out, max_steps=max_steps, logging_steps=2, save_strategy="steps", save_steps=4,
+                         per_device_train_batch_size=8, learning_rate=learning_rate, report_to="live")
+        trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=64))
+        trainer.train(resume_from_checkpoint=resume)
+        trainer.save_state()
+
+    train(8, 0.1)
+    train(12, 0.05, resume=f"{out}/checkpoint-8")
+    run = load_run(out)
+    assert [s.start_step for s in run.sessions] == [0, 8]
+    assert run.info["learning rate"] == "0.1 (session 1), 0.05 (session 2)"
+    assert run.info["length"] == "max_steps=8 (session 1), max_steps=12 (session 2)"
+    assert run.info["batch size per device"] == "8"  # unchanged: one value
+    lines = [" ".join(line.split()) for line in summary_text(run).splitlines()]
+    assert "learning rate 0.1 (session 1), 0.05 (session 2)" in lines

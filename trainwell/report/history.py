@@ -24,7 +24,7 @@ from trainwell.loop.live_log import LIVE_LOG_NAME, LiveHistory
 from trainwell.report.curves import NOT_CURVES
 from trainwell.report.incidents import incidents
 from trainwell.report.live import merge_state, read_live_log, resume_points
-from trainwell.report.run_info import run_info
+from trainwell.report.run_info import run_info, session_hyperparameters, with_session_values
 from trainwell.report.sessions import (
     Session,
     bad_step,
@@ -32,6 +32,7 @@ from trainwell.report.sessions import (
     merged_entries,
     number,
     split_sessions,
+    trained_spans,
     weighted_mean_loss,
 )
 from trainwell.report.tables import one_line, session_rows, text_table
@@ -233,6 +234,9 @@ def _run_of(state_path: Path, state: dict[str, Any], live: LiveHistory | None, n
                      log=log, skipped=skipped)
     run.name = name or Path(run.run_dir).name or str(path)
     run.info = run_info(run.run_dir, state_path, state)
+    if len(sessions) > 1 and run.info:  # a resume may have changed them: each session's value where it did
+        spans = trained_spans(sessions, state.get("global_step"))
+        run.info = with_session_values(run.info, session_hyperparameters(run.run_dir, spans))
     return run
 
 

@@ -107,6 +107,45 @@ def versions(run_dir: str | Path, args: dict[str, Any], state: dict[str, Any]) -
     return found
 
 
+def session_hyperparameters(run_dir: str | Path, spans: list[tuple[int, int]]) -> list[dict[str, str] | None]:
+    """The hyperparameters each session of a resumed run trained with, from a checkpoint it saved (``spans``: the
+    ``(first, last)`` step each trained; its newest ``checkpoint-N`` with ``first < N <= last``, for the last
+    session else the run folder's file); None for a session none of whose checkpoints is left."""
+    run = Path(run_dir)
+    try:
+        steps = sorted(int(m.group(1)) for c in run.iterdir() if (m := _CHECKPOINT.match(c.name))) \
+            if run.is_dir() else []
+    except OSError:
+        steps = []
+    found: list[dict[str, str] | None] = []
+    for i, (first, last) in enumerate(spans):
+        files = [run / f"checkpoint-{n}" / ARGS_FILE for n in reversed(steps) if first < n <= last]
+        if i == len(spans) - 1:
+            files.append(run / ARGS_FILE)
+        path = next((f for f in files if f.is_file()), None)
+        found.append(hyperparameters(_read_json(path)) if path is not None else None)
+    return found
+
+
+def with_session_values(info: dict[str, str], per_session: list[dict[str, str] | None]) -> dict[str, str]:
+    """``info`` where a hyperparameter changed between sessions (a resume with another learning rate, batch size
+    or length) reads each session's value: ``"0.001 (session 1), 0.0005 (sessions 2-3)"``; the rest as is."""
+    out = dict(info)
+    for key in info:
+        known = [(index, values[key]) for index, values in enumerate(per_session, 1) if values and key in values]
+        if len({value for _, value in known}) < 2:
+            continue
+        groups: list[list[Any]] = []  # [value, first session, last session] of each run of equal values
+        for index, value in known:
+            if groups and groups[-1][0] == value and groups[-1][2] == index - 1:
+                groups[-1][2] = index
+            else:
+                groups.append([value, index, index])
+        out[key] = ", ".join(f"{value} (session {a})" if a == b else f"{value} (sessions {a}-{b})"
+                             for value, a, b in groups)
+    return out
+
+
 def run_info(run_dir: str | Path, state_path: str | Path, state: dict[str, Any]) -> dict[str, str]:
     """Hyperparameters and recorded versions of a run, as display rows (empty when nothing was found)."""
     path = find_args_file(run_dir, state_path)
