@@ -14,7 +14,7 @@ import threading
 import time
 
 from tests.common.cli import run_cli
-from trainwell.cli import main
+from trainwell.cli import main, own_command
 from trainwell.report import load_run, summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -204,7 +204,9 @@ def test_a_demo_prints_one_short_line_per_log_and_a_finished_run_says_how_to_go_
     assert "run the same command again to resume" not in text
     assert "to train further: the same command with --steps 12" in text
     # the demo's model is used with one command (issue 34): predict rebuilds it from task.json, bytes in and out
-    assert f"use the model    trainwell predict {out} 'def '" in text
+    # ... printed as it runs when pasted: the path of the running program, or `PYTHON -m trainwell` in-process
+    assert f"use the model    {own_command()} predict {out} 'def '" in text
+    assert own_command().endswith(" -m trainwell")
     task = json.loads((out / "task.json").read_text())
     assert task["tokenizer"] == "bytes" and task["generation"] == {"temperature": 0.8, "top_k": 40}
     assert (out / "checkpoint-6" / "task.json").exists()  # in every checkpoint too
@@ -212,3 +214,27 @@ def test_a_demo_prints_one_short_line_per_log_and_a_finished_run_says_how_to_go_
     lines = predicted.splitlines()
     assert code == 0 and err == "" and len(lines) == 2, (predicted, err)
     assert lines[0].startswith("def ") and len(lines[0]) > len("def ") and lines[1].startswith("class A")
+
+
+def test_the_commands_printed_run_as_pasted_without_the_venv_activated(tmp_path, monkeypatch):
+    # `trainwell report --watch ...` printed by the demo was "command not found" in a shell without the venv
+    # activated: the command printed is the running program's path, relative inside the current folder.
+    program = tmp_path / ".venv" / "bin" / "trainwell"
+    program.parent.mkdir(parents=True)
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(program), "demo"])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+    assert own_command() == ".venv/bin/trainwell"
+    monkeypatch.setenv("PATH", f"{program.parent}:/usr/bin:/bin")  # installed on the PATH: the name runs it
+    assert own_command() == "trainwell"
+    monkeypatch.setenv("VIRTUAL_ENV", str(program.parent.parent))  # activated here, maybe not in another shell
+    assert own_command() == ".venv/bin/trainwell"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # outside the folder: the absolute path
+    assert own_command() == str(program)
+    monkeypatch.setattr(sys, "argv", [os.path.join(os.path.dirname(main.__code__.co_filename), "..", "__main__.py")])
+    assert own_command().endswith(" -m trainwell")  # python -m trainwell
+

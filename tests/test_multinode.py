@@ -217,9 +217,10 @@ def test_the_docs_localhost_recipe_trains_the_quickstart_as_one_job_of_two_nodes
     doc = (ROOT / "docs" / "scaling.md").read_text("utf-8")
     (block,) = re.findall(r"```bash\n(.*?)```", doc[doc.index("## Several nodes on one machine"):].split("\n## ")[0],
                           re.S)  # fmt: skip
-    assert block.count("127.0.0.1:29500") == 1 and block.count("torchrun ") == 1, block
+    # the venv's torchrun, as pasted from a clone: a bare `torchrun` is "command not found" outside the venv
+    assert block.count("127.0.0.1:29500") == 1 and block.count(".venv/bin/torchrun ") == 1, block
     script = block.replace("127.0.0.1:29500", f"127.0.0.1:{free_port()}")
-    script = script.replace("torchrun ", f"{shlex.quote(sys.executable)} -m torch.distributed.run ")
+    script = script.replace(".venv/bin/torchrun ", f"{shlex.quote(sys.executable)} -m torch.distributed.run ")
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE,

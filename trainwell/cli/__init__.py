@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
+import shutil
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +44,28 @@ def no_cuda_message(flag: str) -> str:
             "GPU: check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device auto or cpu.")
 
 
+def own_command() -> str:
+    """How to run this ``trainwell`` again, as pasted into a shell (another terminal may not have the venv
+    activated): ``trainwell`` when that name on the ``PATH`` is this very program outside an activated venv;
+    else the path of the running program, relative to the current folder when inside it (``.venv/bin/trainwell``,
+    as the README writes it); ``PYTHON -m trainwell`` when it runs as a module or from Python."""
+    program = sys.argv[0] if sys.argv else ""
+    if os.path.basename(program) == "trainwell" and os.path.isfile(program):
+        found = shutil.which("trainwell")
+        if found and os.path.samefile(found, program) and not os.environ.get("VIRTUAL_ENV"):
+            return "trainwell"
+        return _as_typed(program)
+    return f"{_as_typed(sys.executable)} -m trainwell"
+
+
+def _as_typed(path: str) -> str:
+    """``path`` relative to the current folder when inside it (``.venv/bin/x``), else absolute; shell-quoted."""
+    full = os.path.abspath(path)
+    relative = os.path.relpath(full)
+    typed = relative if not relative.startswith(os.pardir) else full
+    return shlex.quote(typed if os.sep in typed else os.path.join(os.curdir, typed))
+
+
 def live_report_to(report_to: Any) -> list[str]:
     """``report_to`` as given (a name, names, "none"), checked, with ``"live"`` added: the runs of ``trainwell
     demo`` and ``trainwell train`` write their live log for ``trainwell report --watch``, which a plain script
@@ -60,7 +84,8 @@ def interrupted_report(output_dir: str) -> None:
     try:
         report = write_report(output_dir)
     except (OSError, ValueError) as err:
-        print(f"the run report was not written ({err}); `trainwell report {output_dir}` writes it.")
+        print(f"the run report was not written ({err}); `{own_command()} report {shlex.quote(str(output_dir))}` writes "
+              "it.")
         return
     print(f"the run report so far: {report.html}" + (f" ({report.note})" if report.note else ""))
 

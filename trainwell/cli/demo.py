@@ -14,10 +14,18 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import time
 from typing import Any
 
-from trainwell.cli import CliError, compact_console, interrupted_report, live_report_to, no_cuda_message
+from trainwell.cli import (
+    CliError,
+    compact_console,
+    interrupted_report,
+    live_report_to,
+    no_cuda_message,
+    own_command,
+)
 
 # ~2 minutes on a 2-core CPU for the "small" model (measured; see docs/cli.md, `trainwell demo`).
 DEFAULT_STEPS = 1000
@@ -153,7 +161,8 @@ def _build_trainer(ns: argparse.Namespace, resume: str | None) -> Any:
     compact_console(trainer)  # one short line per log above the bar, not two wrapped lines of quoted strings
     print(f"device: {trainer.args.device}; training to step {ns.steps} in {ns.output_dir} "
           "(Ctrl-C saves a checkpoint of the step in progress, then stops)")
-    print(f"watch it live in a browser: trainwell report --watch {ns.output_dir}  (in another terminal)\n")
+    print(f"watch it live in a browser: {own_command()} report --watch {shlex.quote(str(ns.output_dir))}  (in another "
+          "terminal)\n")
     return trainer
 
 
@@ -240,7 +249,8 @@ def _finish(ns: argparse.Namespace, trainer: Any, result: Any, started: float, f
     print(f"  checkpoints      {out}/checkpoint-*  (to train further: the same command with --steps "
           f"{2 * result.global_step})")
     print(f"  trainer state    {os.path.join(out, 'trainer_state.json')}")
-    print(f"  use the model    trainwell predict {out} 'def '  (a continuation of each text given)")
+    print(f"  use the model    {own_command()} predict {shlex.quote(str(out))} 'def '  (a continuation of each text "
+          "given)")
     if not ns.no_report:
         from trainwell.report import write_report
 

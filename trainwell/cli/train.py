@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 from typing import Any
 
-from trainwell.cli import CliError, compact_console, interrupted_report, live_report_to
+from trainwell.cli import CliError, compact_console, interrupted_report, live_report_to, own_command
 
 USAGE = ("trainwell train CONFIG.yaml [--key value ...]\n"
          "       trainwell train --print-config [CONFIG.yaml [--key value ...]]")
@@ -133,7 +134,8 @@ def _train(sections: dict[str, Any], args: Any) -> int:
     compact_console(trainer)
     resume = _resume_target(sections.get("resume_from_checkpoint"), args.output_dir)
     if args.should_save:
-        print(f"watch it live in a browser: trainwell report --watch {args.output_dir}  (in another terminal)")
+        print(f"watch it live in a browser: {own_command()} report --watch {shlex.quote(str(args.output_dir))}  (in "
+              "another terminal)")
     try:
         result = trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:
@@ -156,7 +158,8 @@ def _train(sections: dict[str, Any], args: Any) -> int:
 
         print(f"tokenizer and {TASK_FILE} (the task's settings{', labels by id' if run.labels else ''}): "
               f"{args.output_dir}")
-        print(f"use the model: trainwell predict {args.output_dir} 'a text' (or --data FILE; see docs/cli.md)")
+        print(f"use the model: {own_command()} predict {shlex.quote(str(args.output_dir))} 'a text' (or --data FILE; "
+              "see docs/cli.md)")
     if sections.get("report", True) and args.should_save:
         from trainwell.report import write_report
 
