@@ -40,3 +40,15 @@ def test_the_quickstart_trains_and_its_folder_gives_a_report(tmp_path):
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-4000:]
     assert (out / "report" / "index.html").is_file()
+
+
+def test_the_first_screen_is_for_users_and_the_test_suites_workings_come_later():
+    """A newcomer reads the README's first screen (up to the quickstart): how the suite schedules its workers is
+    contributor material, in its own section further down."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    first_screen = text[:text.index("## Quickstart")]
+    for contributor_words in ("xdist", "worker", "@pytest.mark", "slowest tests"):
+        assert contributor_words not in first_screen, contributor_words
+    contributing = text[text.index("## Contributing: the test suite"):]
+    assert "pytest-xdist workers" in contributing.split("\n## ")[0]
+    assert text.index("## Contributing: the test suite") > text.index("## Differences from the reference")
