@@ -173,7 +173,8 @@ def test_setup_env_filters_setuptools_editable_notice_only(tmp_path):
     venv_bin.mkdir(parents=True)
     (bin_dir / "python3").write_text("#!/bin/sh\nexit 0\n")  # `python3 -m venv .venv`: the venv is already there
     emit = ("import warnings; warnings.warn('Editable installation.\\n!!\\n  Please be careful with folders', "
-            "UserWarning); warnings.warn('a warning pip would show', UserWarning)")
+            "UserWarning); warnings.warn('a warning pip would show', UserWarning); "
+            "print('Requirement already satisfied: numpy'); print('Collecting pyyaml')")
     (venv_bin / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{emit}"\n')
     for script in (bin_dir / "python3", venv_bin / "python"):
         script.chmod(0o755)
@@ -185,6 +186,14 @@ def test_setup_env_filters_setuptools_editable_notice_only(tmp_path):
     output = done.stdout + done.stderr
     assert "Editable installation" not in output and "Please be careful" not in output
     assert "a warning pip would show" in output
+    # what it does and how long it takes, step by step, and pip's progress but its "already satisfied" lines
+    assert re.search(r"Setting up \.venv/.* torch 2\.13\.0 and trainwell \[report\] .*about 1-2 minutes the first "
+                     r"time", done.stdout), done.stdout
+    steps = re.findall(r"^\[set-up (\d)/4\] (.*)$", done.stdout, re.M)
+    assert [n for n, _ in steps] == ["1", "2", "3", "4"] and all(re.search(r"\(.*(s|seconds|minutes)", t)
+                                                               for _, t in steps), steps
+    assert "Collecting pyyaml" in output and "Requirement already satisfied" not in output
+    assert re.search(r"^\[set-up done\] in \dm\d\ds$", done.stdout, re.M), done.stdout
 
 
 # --- the terminal ----------------------------------------------------------------------------------------------------
