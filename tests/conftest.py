@@ -22,6 +22,13 @@ if "torch" in sys.modules:  # imported before this file (a plugin): the variable
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def pytest_report_header(config):
+    """Says how much the hang guards are scaled on this machine now (tests/common/timing.py)."""
+    from tests.common.timing import slowdown
+
+    return f"hang guards: x{slowdown():.1f} for this machine's measured slowdown (tests/common/timing.py)"
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m "serial" / "not serial" selects on the marks added here
 def pytest_collection_modifyitems(config, items):
     """Marks the tests that need the machine to themselves ``serial`` and keeps the tests of a module-scoped

@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 
+from tests.common.timing import hang_timeout
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "short_run.py")
 
@@ -17,7 +19,7 @@ def test_smoke_prints_each_runner_with_its_ratio_to_the_loop(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     markdown = tmp_path / "table.md"
     proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--explain", "5", "--markdown", str(markdown)],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, env=env, timeout=hang_timeout(600))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     runners = ["loop", "trainwell"] + (["transformers"] if importlib.util.find_spec("transformers") else [])

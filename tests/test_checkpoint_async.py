@@ -12,6 +12,7 @@ import torch
 
 from tests.checkpointing import harness as h
 from tests.common.models import RegressionDataset, RegressionModel
+from tests.common.timing import hang_timeout
 from tests.conftest import make_args
 from trainwell import Trainer, TrainerCallback
 from trainwell.checkpoint import contents
@@ -59,7 +60,7 @@ def test_the_loop_does_not_wait_for_the_disk(tmp_path, monkeypatch):
 
     def slow_torch_save(obj, path):
         if "checkpoint-2" in str(path) and str(path).endswith("optimizer.pt"):
-            assert step3_ended.wait(timeout=60), "training did not go on while the checkpoint was written"
+            assert step3_ended.wait(timeout=hang_timeout(60)), "training did not go on while the checkpoint was written"
         original(obj, path)
 
     class Mark(TrainerCallback):

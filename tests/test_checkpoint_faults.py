@@ -18,6 +18,7 @@ import subprocess
 import pytest
 
 from tests.checkpointing import harness as h
+from tests.common.timing import hang_timeout
 
 MAP = [*h.MAP_EPOCHS, "--save-steps", "4"]  # the same uninterrupted run as tests/test_checkpoint_resume.py
 SAVE_FILES = (
@@ -80,7 +81,7 @@ def test_twenty_kills_then_exact_finish(tmp_path, full_map):
             if kind == "timed":
                 _sleep(float(detail))
             proc.send_signal(signal.SIGKILL)
-            proc.communicate(timeout=60)
+            proc.communicate(timeout=hang_timeout(60))
             assert proc.returncode == -signal.SIGKILL, note
         kills += 1
         _check_after_crash(workdir, note)
@@ -113,7 +114,7 @@ def _signal_mid_run(tmp_path, sig: int) -> tuple[subprocess.Popen, int, str, str
     _sleep(0.05)  # inside the 0.3 s sleep that follows step `announced` (its on_step_end)
     current = int(ready.read_text())
     proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=hang_timeout(120))
     return proc, current, stdout, stderr
 
 

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.common.timing import hang_timeout
 from trainwell.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -233,7 +234,8 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     proc.stdout.close()
     stderr = proc.stderr.read()
-    assert proc.wait(timeout=120) == 0 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+    code = proc.wait(timeout=hang_timeout(120))
+    assert code == 0 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
 
 
 def test_python_dash_m_and_help():
@@ -278,6 +280,6 @@ report: false
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     done = subprocess.run([script, "train", str(project / "run.yaml")], cwd=elsewhere, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=hang_timeout(300))
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["global_step"] == 2

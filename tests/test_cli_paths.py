@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from tests.common.timing import hang_timeout
 from trainwell.cli import build, main
 
 LOCAL_MODULES = ("mymodels", "helpers", "mylib", "cwd_models")
@@ -136,7 +137,7 @@ def test_a_real_run_never_imports_files_that_shadow_installed_modules(project, t
     command = [script] if os.path.exists(script) else [
         sys.executable, "-P", "-c", "import sys; from trainwell.cli import main; sys.exit(main())"]
     done = subprocess.run([*command, "train", str(config)], cwd=workdir, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=hang_timeout(300))
     assert done.returncode == 0, done.stderr[-3000:]
     assert _markers(markers) == [], done.stderr[-3000:]
     assert "warning" not in done.stderr

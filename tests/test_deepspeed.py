@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.common.timing import hang_timeout
 from tests.conftest import make_args
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "distributed", "deepspeed_script.py")
@@ -38,7 +39,7 @@ class Runs:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", SCRIPT, "--out", str(out),
                "--workdir", str(self.workdir(workdir or name)), *flags]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=hang_timeout(600))
 
     def __call__(self, name: str, *flags: str, workdir: str | None = None) -> dict:
         if name not in self.results:

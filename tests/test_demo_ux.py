@@ -14,6 +14,7 @@ import threading
 import time
 
 from tests.common.cli import run_cli
+from tests.common.timing import hang_timeout
 from trainwell.cli import main, own_command
 from trainwell.report import load_run, summary
 
@@ -114,7 +115,7 @@ def test_a_run_stopped_after_its_last_checkpoint_is_finished_by_the_rerun(tmp_pa
 
 def _bash(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", script, "bash", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=hang_timeout(60))
 
 
 def _fake_project(tmp_path):
@@ -133,13 +134,13 @@ def _fake_project(tmp_path):
 def test_demo_sh_sets_up_once_and_again_when_pyproject_changes(tmp_path):
     root = _fake_project(tmp_path)
     script = str(root / "scripts" / "demo.sh")
-    first = subprocess.run(["bash", script, "--steps", "3"], capture_output=True, text=True, timeout=60)
+    first = subprocess.run(["bash", script, "--steps", "3"], capture_output=True, text=True, timeout=hang_timeout(60))
     assert first.returncode == 0 and first.stdout == "setup-ran report\ndemo --steps 3\n", first
-    again = subprocess.run(["bash", script, "--steps", "3"], capture_output=True, text=True, timeout=60)
+    again = subprocess.run(["bash", script, "--steps", "3"], capture_output=True, text=True, timeout=hang_timeout(60))
     assert again.returncode == 0 and again.stdout == "demo --steps 3\n", again
     with open(root / "pyproject.toml", "a") as fh:
         fh.write("version = '2'\n")
-    changed = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60)
+    changed = subprocess.run(["bash", script], capture_output=True, text=True, timeout=hang_timeout(60))
     assert changed.stdout == "setup-ran report\ndemo\n", changed
 
 
@@ -181,7 +182,7 @@ def test_setup_env_filters_setuptools_editable_notice_only(tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     env.pop("PYTHONWARNINGS", None)
     done = subprocess.run(["bash", str(root / "scripts" / "setup_env.sh"), "report"], capture_output=True,
-                          text=True, timeout=60, env=env)
+                          text=True, timeout=hang_timeout(60), env=env)
     assert done.returncode == 0, done.stderr
     output = done.stdout + done.stderr
     assert "Editable installation" not in output and "Please be careful" not in output

@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.common.timing import hang_timeout
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "distributed", "train_script.py")
 pytestmark = pytest.mark.distributed
 
@@ -33,7 +35,7 @@ def _run(cmd: list[str], tmp_path, name: str) -> dict:
     out = tmp_path / f"{name}.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd + ["--out", str(out), "--workdir", str(tmp_path / name)], env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=hang_timeout(300))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -87,5 +89,5 @@ def test_ranks_that_exit_right_after_a_collective_exit_cleanly(tmp_path):
     # Without the exit hook 4 of 15 runs of this script failed (and 8 of 20 of a bare torch repro), so six clean
     # runs in a row happen by chance about 15% of the time: this catches a regression most times, not always.
     for attempt in range(6):
-        proc = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        proc = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=hang_timeout(300), cwd=tmp_path)
         assert proc.returncode == 0, f"run {attempt + 1}:\n{proc.stderr[-3000:]}"

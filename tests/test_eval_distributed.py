@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.common.timing import hang_timeout
 from tests.test_distributed import _accelerate, _cpu_only
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "distributed", "eval_script.py")
@@ -25,7 +26,7 @@ def _run(cmd: list[str], tmp_path, name: str) -> dict:
     out = tmp_path / f"{name}.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd + ["--out", str(out), "--workdir", str(tmp_path / name)], env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=hang_timeout(300), check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 

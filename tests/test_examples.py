@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.common.timing import hang_timeout
+
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 tokenizers = pytest.importorskip("tokenizers")
@@ -81,7 +83,8 @@ def _run(script: Path, workspace: Path, out: Path, args: list[str] | None = None
         "--logging_steps", "4", "--save_steps", "10", "--report_to", "none", "--use_cpu", "--seed", "7"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_DATASETS_CACHE": str(out.parent / f"cache-{out.name}"), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
+                          timeout=hang_timeout(300))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
 

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from tests.common.models import RegressionDataset, RegressionModel
+from tests.common.timing import hang_timeout
 from tests.conftest import make_args
 from trainwell import Trainer
 from trainwell.integrations import TRACKERS, Tracker, reporting_callbacks, tracker_class
@@ -236,7 +237,7 @@ def test_wandb_offline_run_reads_back(out_dir, tmp_path, monkeypatch):
     files = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert len(files) == 1
     # wandb's service process may still be writing the file when finish() returns (seen on a loaded machine)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + hang_timeout(30)
     records = _wandb_records(files[0])
     while not any(r.WhichOneof("record_type") == "run" for r in records) and time.monotonic() < deadline:
         time.sleep(0.5)

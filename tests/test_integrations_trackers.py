@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from tests.common.timing import hang_timeout
 from tests.conftest import make_args
 from tests.test_integrations import _tracker, _train
 from trainwell.integrations import TRACKERS, get_reporting_integration_callbacks
@@ -214,7 +215,7 @@ def test_clearml_offline_session_reads_back(out_dir, tmp_path, monkeypatch):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     child = subprocess.run([sys.executable, "-c", _CLEARML_CHILD, out_dir], env=env, cwd=root, capture_output=True,
-                           text=True, timeout=300)  # fmt: skip
+                           text=True, timeout=hang_timeout(300))  # fmt: skip
     assert child.returncode == 0, child.stderr[-3000:]
     result = json.loads(child.stdout.strip().splitlines()[-1])
     assert result == {"attempts": [], "closed": True}  # no network; the task it created is closed at the end

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.common.timing import hang_timeout
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "libraries", "library_script.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +46,7 @@ def _parallel(tmp: Path, commands: dict[str, list[str]]) -> None:
                                           cwd=ROOT), log)
     for name, (proc, log) in running.items():
         try:
-            code = proc.wait(timeout=600)
+            code = proc.wait(timeout=hang_timeout(600))
         finally:
             log.close()
         assert code == 0, f"{name} failed:\n" + (tmp / f"{name}.log").read_text()[-6000:]
@@ -265,12 +267,14 @@ except RuntimeError as err:
 
 
 def test_the_switch_replaces_only_the_trainer_api_and_can_be_undone():
-    proc = subprocess.run([sys.executable, "-c", SWITCH], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", SWITCH], capture_output=True, text=True, timeout=hang_timeout(120),
+                          cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
 def test_the_switch_called_after_a_library_subclassed_the_reference_is_an_error():
-    proc = subprocess.run([sys.executable, "-c", TOO_LATE], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", TOO_LATE], capture_output=True, text=True, timeout=hang_timeout(120),
+                          cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "patch_transformers() was called after __main__.Mine subclassed transformers' Trainer API" in proc.stdout
     assert "Call it first, before importing trl" in proc.stdout
@@ -297,7 +301,7 @@ def test_the_patch_runner_runs_a_module_or_a_script_as_main_on_trainwell(tmp_pat
 
     def run(*argv: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "trainwell.patch", *argv], env=env, capture_output=True,
-                              text=True, timeout=120, cwd=tmp_path)
+                              text=True, timeout=hang_timeout(120), cwd=tmp_path)
 
     from trainwell.patch import _target
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.common.multinode import files_under, free_port, launch_two_nodes, writes_by_path
+from tests.common.timing import hang_timeout
 
 pytestmark = pytest.mark.distributed
 
@@ -226,7 +227,7 @@ def test_the_docs_localhost_recipe_trains_the_quickstart_as_one_job_of_two_nodes
     proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     try:
-        out, _ = proc.communicate(timeout=400)
+        out, _ = proc.communicate(timeout=hang_timeout(400))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # both launchers and their processes, not only bash
         out = proc.communicate()[0] + "\n[timed out]"

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.common.models import RegressionDataset, RegressionModel
+from tests.common.timing import hang_timeout
 from tests.conftest import make_args
 from trainwell import Trainer
 from trainwell.args.launcher import accelerate_cpu
@@ -53,7 +54,7 @@ class Processes:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(timeout=60)
+            thread.join(timeout=hang_timeout(60))
         return results
 
 

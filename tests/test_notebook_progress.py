@@ -13,6 +13,7 @@ import types
 import pytest
 
 from tests.common.models import RegressionDataset, RegressionModel
+from tests.common.timing import hang_timeout
 from tests.conftest import make_args
 from trainwell import Trainer
 from trainwell.events import notebook
@@ -149,7 +150,7 @@ for quiet in (False, True):
                                             ("terminal", "ProgressCallback")])
 def test_the_trainer_chooses_the_notebook_display_in_a_kernel(tmp_path, shell, progress):
     done = subprocess.run([sys.executable, "-c", CHOICE, shell, str(tmp_path / "out")], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+                          text=True, timeout=hang_timeout(300), cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
     with_bar, quiet = done.stdout.strip().splitlines()[-2:]
     assert with_bar == str(["DefaultFlowCallback", progress])

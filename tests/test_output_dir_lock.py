@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.common.models import RegressionDataset, RegressionModel
+from tests.common.timing import hang_timeout
 from trainwell import Trainer, TrainerCallback, TrainingArguments
 from trainwell.checkpoint import lock
 from trainwell.checkpoint.lock import LOCK_NAME, OutputDirInUseError
@@ -53,7 +54,7 @@ def _trainer(out, callbacks=(), **kwargs) -> Trainer:
 def _start_holder(tmp_path: Path, out: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out), str(tmp_path / "release")], cwd=ROOT, env=env)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + hang_timeout(120)
     while not (tmp_path / "started").exists():
         assert proc.poll() is None, "the holder ended before training"
         assert time.monotonic() < deadline, "the holder never started training"
@@ -77,7 +78,7 @@ def test_a_second_run_stops_at_construction_naming_the_first(tmp_path):
         assert not (out / "checkpoint-1").exists()  # neither run wrote into the other's folder
     finally:
         (tmp_path / "release").touch()
-        assert holder.wait(timeout=120) == 0
+        assert holder.wait(timeout=hang_timeout(120)) == 0
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-1",
                                                                                         "checkpoint-2"]
     assert not (out / LOCK_NAME).exists()  # released at the end of train()
@@ -88,7 +89,7 @@ def test_the_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, caplog)
     out = tmp_path / "out"
     holder = _start_holder(tmp_path, out)
     holder.send_signal(signal.SIGKILL)
-    holder.wait(timeout=60)
+    holder.wait(timeout=hang_timeout(60))
     left = json.loads((out / LOCK_NAME).read_text())
     assert left["pid"] == holder.pid and left["host"] == socket.gethostname()
     trainer = _trainer(out)  # the kernel dropped the dead run's lock: no error

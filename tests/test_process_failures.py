@@ -15,6 +15,8 @@ import types
 
 import pytest
 
+from tests.common.timing import hang_timeout
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "distributed", "failure_script.py")
 
 
@@ -25,7 +27,7 @@ def _run(workdir, *flags: str) -> tuple[dict[int, dict], str]:
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--monitor-interval", "5", SCRIPT,
               "--workdir", str(workdir), *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=hang_timeout(300))
     log = proc.stdout + proc.stderr
     results = {}
     for rank in (0, 1):

@@ -22,6 +22,7 @@ import pytest
 
 from tests.common.launch import ScriptRuns
 from tests.common.models import RegressionDataset, RegressionModel
+from tests.common.timing import hang_timeout
 from tests.conftest import make_args
 
 pytestmark = pytest.mark.distributed
@@ -106,7 +107,7 @@ def test_the_ray_example_trains_on_its_own_local_ray_and_prints_each_line_once(t
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0",
            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}  # see ray_cluster below
     run = subprocess.run([sys.executable, str(EXAMPLE), "--steps", "40"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=600)  # fmt: skip
+                         text=True, timeout=hang_timeout(600))  # fmt: skip
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-6000:]
     assert re.search(r"^step 40 loss \d", run.stdout, re.M), run.stdout[-2000:]

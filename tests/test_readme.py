@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.common.timing import hang_timeout
+
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "quickstart.py"
 FENCED_PYTHON = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
@@ -28,7 +30,7 @@ def test_the_readme_quickstart_is_the_example_file():
 def test_the_quickstart_trains_and_its_folder_gives_a_report(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
     run = subprocess.run([sys.executable, str(QUICKSTART)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
+                         timeout=hang_timeout(300))  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     lines = run.stdout.strip().splitlines()
     metrics = ast.literal_eval(lines[-2])  # print(trainer.evaluate())
@@ -37,7 +39,7 @@ def test_the_quickstart_trains_and_its_folder_gives_a_report(tmp_path):
     out = tmp_path / "quickstart-out"
     assert {"model.safetensors", "training_args.json", "checkpoint-192"} <= set(os.listdir(out))
     report = subprocess.run([sys.executable, "-m", "trainwell", "report", "quickstart-out"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+                            capture_output=True, text=True, timeout=hang_timeout(300))  # fmt: skip
     assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-4000:]
     assert (out / "report" / "index.html").is_file()
 

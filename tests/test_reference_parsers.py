@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from tests.common.timing import hang_timeout
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = r'''
@@ -81,7 +83,7 @@ print("RESULT" + json.dumps(result))
 
 def _run(parser: str, order: str) -> dict:
     proc = subprocess.run([sys.executable, "-c", SCRIPT, parser, order], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          timeout=hang_timeout(300), cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.split("RESULT", 1)[1])
 

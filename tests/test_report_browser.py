@@ -26,6 +26,7 @@ import sys
 
 import pytest
 
+from tests.common.timing import hang_timeout
 from tests.test_report_page import LONG_NAME, wide_run
 from trainwell.report import write_report
 
@@ -91,7 +92,7 @@ def _measure_qt(page: str, width: int) -> dict:
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env["QTWEBENGINE_DISABLE_SANDBOX"] = "1"  # Chromium's sandbox refuses to run as root (containers, CI)
     done = subprocess.run([sys.executable, "-c", _QT_DRIVER, page, str(width)], input=MEASURE, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=hang_timeout(120))
     found = re.search(r"^RESULT (.*)$", done.stdout, re.MULTILINE)
     assert found, f"Qt WebEngine gave no result (exit {done.returncode}):\n{done.stderr[-3000:]}"
     return json.loads(found.group(1))
@@ -107,7 +108,7 @@ def _measure_chromium(binary: str, page: str, width: int, tmp_path) -> dict:
     copy.write_text(text.replace("</body>", probe), encoding="utf-8")
     args = [binary, "--headless", "--disable-gpu", "--no-sandbox", f"--window-size={width},800",
             "--virtual-time-budget=5000", "--dump-dom", copy.as_uri()]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=hang_timeout(120))
     found = re.search(r'data-measure="([^"]*)"', done.stdout)
     assert found, f"{binary} gave no measurements (exit {done.returncode}):\n{done.stderr[-3000:]}"
     return json.loads(html.unescape(found.group(1)))

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.common.scheduling import LauncherFinder
+from tests.common.timing import hang_timeout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -112,7 +113,7 @@ def test_xdist_workers_build_a_shared_fixture_once_and_run_the_serial_tests_on_o
     env = {**os.environ, "BUILT_LOG": str(log), "PYTHONPATH": ROOT}
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3", "--dist",
                           "loadgroup", str(folder)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
+                         timeout=hang_timeout(300))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "10 passed" in run.stdout
     assert sorted(log.read_text().split()) == ["a", "b", "c"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.common.models import RegressionDataset, RegressionModel
+from tests.common.timing import hang_timeout
 from tests.conftest import make_args
 from trainwell import Trainer, TrainerCallback
 from trainwell.search import default_compute_objective
@@ -134,7 +135,8 @@ def test_an_interrupted_study_resumes_its_trial_from_the_checkpoint(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     root = str(Path(__file__).resolve().parents[1])
     code = _KILLED_SEARCH.format(root=root, out=str(tmp_path / "out"), storage=storage)
-    killed = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    killed = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                            timeout=hang_timeout(300))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     # the killed trial's lock file stays too (the kernel dropped its lock; the next run takes the file over)
     assert sorted(os.listdir(tmp_path / "out" / "run-0")) == [".trainwell.lock", "checkpoint-10", "checkpoint-20"]

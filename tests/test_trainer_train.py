@@ -16,6 +16,7 @@ from tests.common.models import (
     RegressionDataset,
     RegressionModel,
 )
+from tests.common.timing import hang_timeout
 from tests.conftest import make_args
 from trainwell import Trainer, TrainOutput
 from trainwell.data.train_loader import TrainFeed
@@ -335,7 +336,8 @@ def test_trainwell_never_imports_transformers(tmp_path):
         "assert 'transformers' not in sys.modules, 'transformers was imported'\n"
     )
     root = __import__("os").path.dirname(__import__("os").path.dirname(__file__))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                          timeout=hang_timeout(120))
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from tests.common.timing import hang_timeout
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 SCRIPT = str(HERE / "train_script.py")
@@ -46,10 +48,12 @@ def command(args: list[str], script: str = SCRIPT, launcher: list[str] | None = 
 
 
 def run(args: list[str], workdir: Path, out: Path, script: str = SCRIPT, launcher: list[str] | None = None,
-        expect_rc: int | None = 0, timeout: float = 240) -> subprocess.CompletedProcess:
+        expect_rc: int | None = 0, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run the script to its end (``timeout``: a hang guard, default 240 s scaled by the machine's slowdown)."""
     proc = subprocess.run(
         command([*args, "--workdir", str(workdir), "--out", str(out)], script, launcher),
-        env=env(), cwd=str(ROOT), capture_output=True, text=True, timeout=timeout,
+        env=env(), cwd=str(ROOT), capture_output=True, text=True,
+        timeout=timeout if timeout is not None else hang_timeout(240),
     )
     if expect_rc is not None:
         assert proc.returncode == expect_rc, describe(proc)
@@ -160,8 +164,11 @@ def assert_checkpoint_loadable(path: Path) -> None:
     assert json.loads((path / "training_args.json").read_text())["output_dir"]
 
 
-def wait_for_step(ready_file: Path, proc: subprocess.Popen, at_least: int, timeout: float = 60) -> int | None:
-    """Wait until the script announces a step >= ``at_least``; None when it exited first."""
+def wait_for_step(ready_file: Path, proc: subprocess.Popen, at_least: int,
+                  timeout: float | None = None) -> int | None:
+    """Wait until the script announces a step >= ``at_least``; None when it exited first (``timeout``: a hang
+    guard, default 60 s scaled by the machine's slowdown)."""
+    timeout = timeout if timeout is not None else hang_timeout(60)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -179,7 +186,7 @@ def wait_for_step(ready_file: Path, proc: subprocess.Popen, at_least: int, timeo
 
 def describe_popen(proc: subprocess.Popen) -> str:
     try:
-        stdout, stderr = proc.communicate(timeout=30)
+        stdout, stderr = proc.communicate(timeout=hang_timeout(30))
     except (subprocess.TimeoutExpired, ValueError):
         stdout, stderr = "", ""
     stdout, stderr = stdout or "", stderr or ""

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.common.timing import hang_timeout
+
 
 class ScriptRuns:
     """Runs ``script`` with ``--out NAME.json --workdir FOLDER`` under ``root``, once per name; returns its JSON."""
@@ -35,7 +37,7 @@ class ScriptRuns:
             env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
             folder = str(self.workdir(workdir or name))
             proc = subprocess.run(launch + [self.script, "--out", str(out), "--workdir", folder, *flags],
-                                  env=env, capture_output=True, text=True, timeout=300)
+                                  env=env, capture_output=True, text=True, timeout=hang_timeout(300))
             log = proc.stdout + proc.stderr
             if killed:
                 assert proc.returncode != 0 and "(SIGKILL)" in log, log[-4000:]
