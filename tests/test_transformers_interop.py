@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -143,3 +144,43 @@ def test_eval_loss_is_the_references_to_the_last_bit(tmp_path):
     import trainwell
 
     assert losses(trainwell) == losses(transformers)
+
+
+def test_a_plain_runs_folder_holds_what_the_references_holds(tmp_path):
+    """Scripts list output_dir and the reference's own tests count its entries: with report_to="none" a run with
+    evaluation, checkpoints, the best model, save_model and save_state leaves the same files, but the pickle the
+    reference writes (training_args.bin; trainwell writes training_args.json) and trainwell's checkpoint manifest.
+    Then, resumed from checkpoint-4 with save_total_limit=2, both keep checkpoint-6 and checkpoint-8."""
+    from tests.common.models import RegressionDataset, RegressionModel
+
+    def listing(lib, stop_at=None, resume=None, **extra):
+        out = tmp_path / lib.__name__
+
+        class Stop(lib.TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step == stop_at:
+                    control.should_training_stop = True
+
+        args = lib.TrainingArguments(output_dir=str(out), report_to="none", use_cpu=True, disable_tqdm=True,
+                                     per_device_train_batch_size=4, max_steps=8, save_steps=2, logging_steps=1,
+                                     **extra)
+        trainer = lib.Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=64),
+                              eval_dataset=RegressionDataset(length=8), callbacks=[Stop()])
+        trainer.train(resume_from_checkpoint=resume and str(out / resume))
+        trainer.save_model()
+        trainer.save_state()
+        names = {"training_args.bin": "training_args", "training_args.json": "training_args"}
+        return {os.path.relpath(folder, out): sorted(names.get(f, f) for f in files if f != "checkpoint_manifest.json")
+                for folder, _, files in os.walk(out)}
+
+    import trainwell
+
+    best = dict(eval_strategy="steps", eval_steps=2, load_best_model_at_end=True)
+    assert listing(trainwell, **best) == listing(transformers, **best)
+    for lib in (trainwell, transformers):
+        shutil.rmtree(tmp_path / lib.__name__)
+    rotation = dict(save_total_limit=2)
+    assert listing(trainwell, stop_at=4, **rotation) == listing(transformers, stop_at=4, **rotation)
+    resumed = listing(trainwell, resume="checkpoint-4", **rotation)
+    assert resumed == listing(transformers, resume="checkpoint-4", **rotation)
+    assert sorted(k for k in resumed if k.startswith("checkpoint")) == ["checkpoint-6", "checkpoint-8"], resumed
