@@ -83,6 +83,7 @@ def test_the_page_and_its_data_need_the_token(serve, tmp_path):
     code, body = _fetch(server, f"/?token={server.token}")
     assert code == 200 and b"encodeURIComponent(TOKEN)" in body  # the page's script passes it on
     assert _data(server)["runs"][0]["step"] == 2
+    assert _fetch(server, f"/data?a=1&b=2&c=3&d=4&token={server.token}")[0] == 400
     assert serve([tmp_path]).token != server.token  # random each time
     chosen = "a-token.chosen_by~me"
     assert serve([tmp_path], token=chosen).url.endswith(f"?token={chosen}")
@@ -118,8 +119,8 @@ def test_a_value_that_is_not_finite_is_an_error_on_the_page_and_the_watcher_goes
     data = _wait(server, lambda d: d["runs"][0].get("step") == 3)
     assert data["runs"][0]["error"] is None and data["runs"][0]["loss"] == 0.5
     state.write_text(json.dumps({**json.loads(_state(4)), **bad}))  # it used to kill the watcher thread
-    data = _wait(server, lambda d: d["runs"][0]["error"] is not None)
-    assert data["runs"][0]["step"] == 3 and "not a finite number" in data["runs"][0]["error"]  # the last good data
+    data = _wait(server, lambda d: "not a finite number" in (d["runs"][0]["error"] or ""))  # may be seen half written
+    assert data["runs"][0]["step"] == 3  # the last good data
     state.write_text(_state(5))
     _wait(server, lambda d: d["runs"][0].get("step") == 5 and d["runs"][0]["error"] is None)  # the watcher lives on
 
@@ -132,8 +133,8 @@ def test_a_malformed_file_and_a_run_gone_are_errors_and_the_watcher_goes_on(serv
     (other / "trainer_state.json").write_text(_state(7))
     server = serve([run, other])
     (run / "trainer_state.json").write_text('{"log_history": [1, 2')
-    data = _wait(server, lambda d: d["runs"][0]["error"] is not None)
-    assert "trainer_state.json is not valid JSON" in data["runs"][0]["error"] and data["runs"][0]["step"] == 2
+    data = _wait(server, lambda d: "trainer_state.json is not valid JSON" in (d["runs"][0]["error"] or ""))
+    assert data["runs"][0]["step"] == 2
     shutil.rmtree(run)
     data = _wait(server, lambda d: "is gone" in (d["runs"][0]["error"] or ""))
     assert data["runs"][1]["step"] == 7 and data["runs"][1]["error"] is None
@@ -193,6 +194,13 @@ def _closed_within(sock: socket.socket, seconds: float) -> bool:
         sock.close()
 
 
+def _wait_for_threads(condition) -> None:
+    deadline = time.monotonic() + 20
+    while not condition(threading.active_count()):
+        assert time.monotonic() < deadline, threading.enumerate()
+        time.sleep(0.02)
+
+
 def test_idle_connections_time_out_and_are_bounded(tmp_path):
     from trainwell.report.watch_server import WatchServer
 
@@ -202,23 +210,26 @@ def test_idle_connections_time_out_and_are_bounded(tmp_path):
     server = WatchServer(watcher, idle_timeout=0.5, max_connections=3)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
+        baseline = threading.active_count()
         started = time.monotonic()
         assert _closed_within(_silent_connection(server.port), 20)  # it used to wait for ever
         assert time.monotonic() - started < 10
         server.idle_timeout = 60
-        baseline = threading.active_count()
+        _wait_for_threads(lambda n: n <= baseline)  # its thread ended: its slot is free again
         idle = [_silent_connection(server.port) for _ in range(3)]
-        deadline = time.monotonic() + 20
-        while threading.active_count() < baseline + 3:  # each served by a thread of its own
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        _wait_for_threads(lambda n: n >= baseline + 3)  # each served by a thread of its own
         threads = threading.active_count()
         assert _closed_within(_silent_connection(server.port), 20)  # a fourth: closed at once, no thread for it
         assert threading.active_count() <= threads
         for sock in idle:
             sock.close()  # their slots come free
         deadline = time.monotonic() + 20
-        while _fetch(server, f"/data?token={server.token}")[0] != 200:
+        while True:
+            try:
+                if _fetch(server, f"/data?token={server.token}")[0] == 200:
+                    break
+            except OSError:  # refused (closed) while the slots are still being freed
+                pass
             assert time.monotonic() < deadline
             time.sleep(0.05)
     finally:

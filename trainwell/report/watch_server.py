@@ -82,7 +82,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if path not in ("/", "/data"):
             self._refuse(404, "not found: this server has / and /data only")
             return
-        fields = urllib.parse.parse_qs(query, max_num_fields=4)
+        try:
+            fields = urllib.parse.parse_qs(query, max_num_fields=4)
+        except ValueError:
+            self._refuse(400, "too many query fields: the page sends since= and token= only")
+            return
         if not self.server.token_matches(fields.get("token", [""])[-1]):
             self._refuse(403, "this page needs its token: open the address `trainwell report --watch` printed "
                               "(http://127.0.0.1:PORT/?token=...)")
