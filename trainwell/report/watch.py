@@ -141,7 +141,6 @@ class WatchedRun:
         self._cost = time.monotonic() - now
         return True
 
-
     @property
     def problem(self) -> str | None:
         """What the page says went wrong with this run (None when nothing did)."""
