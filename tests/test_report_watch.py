@@ -179,7 +179,10 @@ def served(tmp_path):
     server.server_close()
 
 
-def _get(server, path, host=None, method="GET"):
+def _get(server, path, host=None, method="GET", token=True):
+    """``(status, headers, body)`` of a request to ``path``, with the server's token unless ``token`` is False."""
+    if token:
+        path += ("&" if "?" in path else "?") + f"token={server.token}"
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     connection.request(method, path, headers={"Host": host or f"127.0.0.1:{server.port}"})
     response = connection.getresponse()

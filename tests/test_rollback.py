@@ -9,6 +9,7 @@ stops the run after MAX_ROLLBACKS with a clear error.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -110,6 +111,54 @@ def test_a_spike_that_keeps_coming_back_stops_the_run_after_the_bounded_rollback
 def test_no_checkpoint_before_the_spike_is_a_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match=r"holds no usable checkpoint at or before step 6"):
         _run(tmp_path, bad=CORRUPTED, save_steps=100)
+
+
+class NaNFrom(Corrupted):
+    """The loss is NaN from step ``self.bad[0]`` on (the weights stay finite: the optimizer skips those steps)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return loss * float("nan") if self.state.global_step + 1 >= self.bad[0] else loss
+
+
+def test_a_loss_nan_from_some_step_on_rolls_back_then_stops_clearly(tmp_path):
+    # issue 39: every step from 7 on was skipped, each window logged a loss of 0.0 and train() returned normally
+    settings = {"max_steps": 30, "per_device_train_batch_size": 4, "logging_steps": 2, "save_steps": 2,
+                "report_to": "none", "disable_tqdm": True, "learning_rate": 1e-2, "rollback_on_spike": 5.0}
+    torch.manual_seed(0)
+    trainer = NaNFrom(DropoutMLP(), TrainingArguments(str(tmp_path), **settings), train_dataset=ClassificationDataset(),
+                      bad=(7,))
+    with pytest.warns(RuntimeWarning, match="NaN or infinite on every"), \
+            pytest.raises(RuntimeError, match=rf"loss nan at step 14 is not finite, after {MAX_ROLLBACKS} rollbacks"):
+        trainer.train()
+    records = [(e["rollback_to_step"], e["skipped_steps_to"]) for e in trainer.state.log_history if "rollback" in e]
+    assert records == [(6, 12)]  # each rollback went back to checkpoint-6; the last one skips steps 7-12
+    assert all(e["loss"] != 0.0 for e in trainer.state.log_history if "loss" in e)
+
+
+def test_a_window_without_a_finite_loss_logs_nan_and_its_skipped_steps_not_zero(tmp_path):
+    settings = {"max_steps": 10, "per_device_train_batch_size": 4, "logging_steps": 2, "save_strategy": "no",
+                "report_to": "none", "disable_tqdm": True, "learning_rate": 1e-2}
+    torch.manual_seed(0)
+    trainer = NaNFrom(DropoutMLP(), TrainingArguments(str(tmp_path), **settings), train_dataset=ClassificationDataset(),
+                      bad=(8,))
+    with pytest.warns(RuntimeWarning, match="so the logged loss is NaN"):
+        trainer.train()
+    logs = [(e["step"], e["loss"], e.get("skipped_nonfinite_steps")) for e in trainer.state.log_history if "loss" in e]
+    assert [(s, k) for s, _, k in logs] == [(2, None), (4, None), (6, None), (8, 1), (10, 2)]
+    assert all(0 < v < 10 for _, v, _ in logs[:4])  # a window with a finite loss logs its mean, as before
+    assert math.isnan(logs[4][1])  # not 0.0: no step of it had a loss
+    summary = trainer.state.log_history[-1]
+    assert summary["skipped_nonfinite_steps"] == 3 and math.isfinite(summary["train_loss"])
+
+
+@pytest.mark.parametrize("device_counts", [False, True])
+def test_a_window_without_a_finite_loss_sums_to_nan_on_either_path(device_counts):
+    from trainwell.loop.progress import _nan_unless_any
+
+    total, none, some = (torch.tensor(0.0), torch.tensor(0), torch.tensor(2)) if device_counts else (0.0, 0, 2)
+    assert math.isnan(float(_nan_unless_any(total, none))) and float(_nan_unless_any(total, some)) == 0.0
+    assert math.isnan(float(_nan_unless_any(torch.tensor(0.0), 0)))
 
 
 # ---------------------------------------------------------------------------------------------- no training

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import collections
+import math
 import sys
 from typing import Any
 
@@ -329,5 +330,8 @@ class NaNLoss(MLP):
 def test_the_accelerator_path_warns_of_a_window_of_nan_losses(tmp_path, accelerator_path):
     args = TrainingArguments(str(tmp_path), max_steps=4, per_device_train_batch_size=4, logging_steps=2,
                              save_strategy="no", report_to="none", disable_tqdm=True)
+    trainer = Trainer(NaNLoss(), args, train_dataset=ClassificationDataset())
     with pytest.warns(RuntimeWarning, match="NaN or infinite on every one of the 2 micro-batches since step 0"):
-        Trainer(NaNLoss(), args, train_dataset=ClassificationDataset()).train()
+        trainer.train()
+    logged = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert len(logged) == 2 and all(math.isnan(v) for v in logged)  # not 0.0 (issue 39), as on the host path

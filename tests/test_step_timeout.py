@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import threading
@@ -103,6 +104,67 @@ def test_one_stuck_process_raises_step_timeout_in_its_main_thread(tmp_path, capf
     assert [t for t in threading.enumerate() if t.name == "trainwell-step-watchdog"] == []
     line = json.loads((tmp_path / "step_timeout.jsonl").read_text())
     assert line["step"] == 3 and line["processes"] == [0] and "on_step_end" in line["frame"]
+
+
+# A stuck callback in a C call (a long sleep) that no exception reaches: the process must end by os._exit.
+_SLEEPER = """
+import sys, time
+from tests.common.models import ClassificationDataset, DropoutMLP
+from trainwell import Trainer, TrainerCallback, TrainingArguments
+class SleepAt(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 3:
+            time.sleep(300)
+args = TrainingArguments(sys.argv[1], max_steps=6, per_device_train_batch_size=4, logging_steps=1,
+                         save_strategy="no", report_to="none", disable_tqdm=True, step_timeout=2)
+Trainer(DropoutMLP(), args, train_dataset=ClassificationDataset(), callbacks=[SleepAt()]).train()
+"""
+
+
+@pytest.mark.parametrize("at_record", ["nothing", "fifo"])
+def test_a_process_stuck_where_no_exception_reaches_ends_within_the_grace_whatever_sits_at_the_record(
+        tmp_path, at_record):
+    """issue 39: with a FIFO at step_timeout.jsonl the stop message printed and the process never ended (the record
+    was opened, blocking, before the stop); without it, one process alone waited the 10 s meant for the processes
+    waiting on another, not the 2 s of the stuck one."""
+    out = tmp_path / "out"
+    out.mkdir()
+    if at_record == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("needs FIFOs")
+        os.mkfifo(out / "step_timeout.jsonl")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", _SLEEPER, str(out)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    seen = {}
+
+    def read() -> None:
+        for line in proc.stderr:  # the time of the stop message
+            if line.startswith("StepTimeout: No progress for 2 s"):
+                seen.setdefault("stopped", time.monotonic())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=120)  # before the fix: the callback's 300 s sleep, then train() went on
+        ended = time.monotonic()
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process did not end after its step_timeout stop")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(10)
+    stopped = seen.get("stopped")
+    assert stopped is not None and proc.returncode == 1, proc.returncode
+    assert ended - stopped < stall.GRACE_STUCK + 4, ended - stopped  # 2 s of grace, not 10 (nor for ever)
+    if at_record == "fifo":
+        assert stat.S_ISFIFO(os.lstat(out / "step_timeout.jsonl").st_mode)  # refused, never written nor replaced
+    else:
+        record = json.loads((out / "step_timeout.jsonl").read_text())
+        assert record["step"] == 3 and record["processes"] == [0]
 
 
 def test_train_in_another_thread_is_stopped_there_and_the_main_thread_left_alone(tmp_path, monkeypatch):

@@ -13,13 +13,16 @@ first step may compile), and when the count has not moved for ``step_timeout`` s
 2. waits a few seconds for the others' reports, and settles on the stuck process: one that did not report, or is
    not inside a collective while the others wait in theirs (the fewest beats breaks a tie); the first process to
    decide writes the verdict to the store, so every process names the same one;
-3. prints its Python stack (``faulthandler``, every thread) and the one error to stderr, and (world process zero)
-   appends the stop to ``output_dir/step_timeout.jsonl`` for the run report;
+3. prints its Python stack (``faulthandler``, every thread) and the one error to stderr;
 4. raises :class:`StepTimeout` in the training thread (the one that called ``train()``: the main thread of a
    script, a worker thread of Ray Tune or of an Optuna search with ``n_jobs``); a training thread that does not
    return to Python (blocked in a collective, a long sleep, C code) is ended with ``os._exit(1)`` after a grace
-   period, sooner for the stuck process (its exit makes the others' collectives fail, and :func:`watch` turns that
-   into the same error).
+   period, ``GRACE_STUCK`` for the stuck process (a process alone included; its exit makes the others' collectives
+   fail, and :func:`watch` turns that into the same error), ``GRACE_WAITING`` for the others;
+5. (world process zero) appends the stop to ``output_dir/step_timeout.jsonl`` for the run report, inside the grace
+   period: by a thread of its own, waited for until the grace period ends at most, opened without following a
+   link nor waiting on a FIFO, and only when it is a regular file; whatever sits at that name, the stop is on
+   time.
 
 The thread is stopped and joined when the attempt ends, however it ends: none is left running after ``train()``.
 
@@ -36,6 +39,7 @@ import faulthandler
 import json
 import logging
 import os
+import stat
 import statistics
 import sys
 import sysconfig
@@ -189,14 +193,16 @@ class StallWatchdog(threading.Thread):
         sys.stderr.write(f"StepTimeout: {message}\n")
         sys.stderr.flush()
         logger.error(message)
-        if trainer.is_world_process_zero():
-            _record(trainer, quiet, stuck, reports)
+        # The grace period starts now, whatever the record below costs (a stuck disk, a FIFO at its name). One
+        # process alone is the stuck one: nobody else's collective has to fail first.
+        deadline = time.monotonic() + (GRACE_STUCK if self.rank in stuck else GRACE_WAITING)
         with self._lock:  # not once stop() ran: the exception would reach whatever the thread does after train()
             if self._stopped.is_set():
                 return
             _raise_in(self._training, StepTimeout)
-        grace = GRACE_STUCK if self.world > 1 and self.rank in stuck else GRACE_WAITING
-        if not self._stopped.wait(grace):
+        if trainer.is_world_process_zero():
+            _record_within(trainer, quiet, stuck, reports, deadline)
+        if not self._stopped.wait(max(deadline - time.monotonic(), 0.0)):
             os._exit(1)  # training is blocked where no exception reaches it: the message is on stderr
 
     def _exchange(self, mine: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -247,17 +253,37 @@ def _message(trainer: Any, quiet: float, stuck: list[int], reports: dict[int, di
             f"{_resume_hint(trainer.args.output_dir, newest_checkpoint)}")
 
 
-def _record(trainer: Any, quiet: float, stuck: list[int], reports: dict[int, dict[str, Any]]) -> None:
-    """One line in ``output_dir/step_timeout.jsonl`` (appended; never through a link), for the run report."""
+def _record_within(trainer: Any, quiet: float, stuck: list[int], reports: dict[int, dict[str, Any]],
+                   deadline: float) -> None:
+    """One line in ``output_dir/step_timeout.jsonl``, for the run report, written by a thread of its own and
+    waited for until ``deadline`` at most: a disk that hangs delays the stop by nothing."""
     first = reports.get(stuck[0], {}) if stuck else {}
     line = {"step": trainer.state.global_step, "processes": stuck, "frame": first.get("frame"),
             "doing": first.get("doing"), "seconds": round(quiet, 1), "time": time.time()}
     path = os.path.join(trainer.args.output_dir, RECORD_FILE)
-    with contextlib.suppress(OSError):
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    writer = threading.Thread(target=_append_record, args=(path, (json.dumps(line) + "\n").encode()),
+                              name="trainwell-step-timeout-record", daemon=True)
+    writer.start()
+    writer.join(max(deadline - time.monotonic(), 0.0))
+
+
+def _append_record(path: str, data: bytes) -> None:
+    """Append ``data`` to the regular file ``path`` (created if missing) in one ``write``: never through a link,
+    never waiting on a FIFO (``O_NONBLOCK``: opening one with no reader fails), nothing but a regular file written;
+    a failure is a warning (the stop itself is on stderr already)."""
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
         fd = os.open(path, flags, 0o644)
-        with os.fdopen(fd, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(line) + "\n")
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path} is not a regular file")
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        logger.warning("step_timeout: the stop is not recorded in %s (%s); the run report will not show it.", path,
+                       err.strerror or err)
 
 
 def _dump_stacks() -> None:

@@ -43,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the run folders; writes nothing); Ctrl-C stops it")
     parser.add_argument("--port", type=int, default=0, metavar="N",
                         help="--watch: the port on 127.0.0.1 (default: a free one, printed)")
+    parser.add_argument("--token", default=None, metavar="TOKEN",
+                        help="--watch: the token the page and its data require, 16 to 200 letters, digits or . _ ~ - "
+                             "(default: a random one, in the printed address; a token given here is visible to "
+                             "other accounts in the process list)")
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -52,8 +56,9 @@ def run(ns: argparse.Namespace) -> int:
 
     if ns.watch:
         return _watch(ns)
-    if ns.port:
-        raise CliError(f"--port {ns.port} is for --watch (the live page); a written report needs no port.")
+    if ns.port or ns.token is not None:
+        given = f"--port {ns.port}" if ns.port else "--token"
+        raise CliError(f"{given} is for --watch (the live page); a written report needs none.")
     from trainwell.report import write_comparison, write_report
     from trainwell.report.history import expand_search_folders
 
@@ -95,6 +100,13 @@ def _watch(ns: argparse.Namespace) -> int:
                        "steps. Drop it, or run trainwell report without --watch.")
     if not 0 <= ns.port <= 65535:
         raise CliError(f"--port {ns.port}: pass a port number from 1 to 65535 (or 0 for a free one).")
+    if ns.token is not None:
+        from trainwell.report.watch_server import check_token
+
+        try:
+            check_token(ns.token)
+        except ValueError as err:
+            raise CliError(str(err)) from None
     for path in ns.runs:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path!r}: no such run folder (in {os.getcwd()}); pass a run's output_dir (it "
@@ -104,12 +116,13 @@ def _watch(ns: argparse.Namespace) -> int:
     if len(set(names)) < len(names):
         names = [str(p) for p in paths]
     try:
-        server = watch_runs([str(p) for p in paths], names, port=ns.port, smoothing=ns.smooth)
+        server = watch_runs([str(p) for p in paths], names, port=ns.port, smoothing=ns.smooth, token=ns.token)
     except OSError as err:
         raise CliError(f"cannot listen on 127.0.0.1:{ns.port} ({err.strerror or err}): pass another --port, or "
                        "--port 0 for a free one.") from None
     print(f"watching {', '.join(names)}: open {server.url} in a browser (it follows the run folders; a new log "
-          "shows within about two seconds). Ctrl-C stops.", flush=True)
+          "shows within about two seconds; the address holds the page's token: share it with no one). Ctrl-C stops.",
+          flush=True)
     try:
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:

@@ -74,6 +74,7 @@ class LossTracker:
         self.finite: Any = 0  #: of those, the finite ones (a device tensor on an accelerator)
         self.empty: Any = 0  #: micro-batches since the last take whose labels are all -100 (when counted)
         self.warned: set[str] = set()
+        self._carried = False  #: the window began in an earlier call (restore_window)
         #: skip_nonfinite_steps guards the optimizer step: a non-finite loss leaves the weights as they were
         self.guarded = False
 
@@ -123,6 +124,7 @@ class LossTracker:
         ``train_loss``) leaves them out."""
         loss_sum = float(saved["loss_sum"])
         self.total = loss_sum if self.on_host else torch.tensor(loss_sum, device=self.device)
+        self._carried = True  # the window holds the earlier call's losses: a mean exists whatever comes next
         self.last_logged_step = int(saved["last_logged_step"])
         self.logged_total -= loss_sum
 
@@ -134,13 +136,20 @@ class LossTracker:
 
     def read_window(self, reduce: Callable[[Any], Any], *extras: Any) -> list[float | None]:
         """Take the window at a log step: its loss sum through ``reduce`` (the mean over processes), then
-        ``extras`` (the gradient norm), read to the host in one transfer with the window's own counts."""
-        *values, finite, empty = read_together([reduce(self._take_total()), *extras, self.finite, self.empty])
+        ``extras`` (the gradient norm), read to the host in one transfer with the window's own counts.
+
+        With ``logging_nan_inf_filter``, a window whose every loss was NaN/inf has no mean to stand in for them:
+        its sum is NaN (the reference logs 0.0, a loss no step had, which hides the failure from
+        ``rollback_on_spike`` and from the reader). The NaN goes through ``reduce``, so every process logs it."""
+        total = self._take_total()
+        if self.nan_inf_filter and self.added and not self._carried:
+            total = _nan_unless_any(total, self.finite)
+        *values, finite, empty = read_together([reduce(total), *extras, self.finite, self.empty])
         self._check_window(finite, empty)
         return values
 
     def _take_total(self) -> torch.Tensor | float:
-        value = self.total
+        value, self._carried = self.total, False
         self.total = 0.0 if self.on_host else torch.zeros((), device=self.device)
         return value
 
@@ -152,8 +161,8 @@ class LossTracker:
         since = f"since step {self.last_logged_step}"
         if added and nonfinite == added and "nonfinite" not in self.warned:
             self.warned.add("nonfinite")
-            filtered = ("logging_nan_inf_filter=True logged the running mean in their place, which hides it"
-                        if self.nan_inf_filter else "the logged loss is NaN/inf")
+            filtered = ("so the logged loss is NaN (logging_nan_inf_filter has no finite loss to average in their "
+                        "place)" if self.nan_inf_filter else "the logged loss is NaN/inf")
             weights = ("skip_nonfinite_steps did not apply those steps, so the weights are as before them"
                        if self.guarded else "The weights are likely NaN now")
             warnings.warn(
@@ -168,6 +177,16 @@ class LossTracker:
                 "and a model that averages its loss returns NaN for them. Check the labels: truncation "
                 "(max_length) cutting off every target, or a completion-only collator that did not find its "
                 "response template.", RuntimeWarning, stacklevel=2)
+
+
+def _nan_unless_any(total: Any, finite: Any) -> Any:
+    """``total``, or NaN when ``finite`` (the count of finite losses in the window) is 0; at a log step only (on
+    an accelerator: two scalar kernels, no sync)."""
+    if isinstance(total, float) and not isinstance(finite, torch.Tensor):
+        return total if finite else math.nan
+    if not isinstance(finite, torch.Tensor):
+        return total if finite else torch.full_like(total, math.nan)
+    return torch.where(finite > 0, total, math.nan)
 
 
 class TrainingRun:

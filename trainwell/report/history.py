@@ -78,7 +78,8 @@ class RunHistory:
 def find_state_file(path: str | os.PathLike[str]) -> Path:
     """The ``trainer_state.json`` for ``path``: the file itself; else the newer (by ``global_step``) of
     ``path/trainer_state.json`` (a finished run, or a checkpoint) and that of the newest ``checkpoint-N`` inside
-    ``path`` (a run still training, perhaps resumed after an earlier ``save_state()``); a tie goes to the first.
+    ``path`` that is not a symbolic link (a run still training, perhaps resumed after an earlier ``save_state()``);
+    a tie goes to the first.
 
     Raises ``FileNotFoundError`` saying where it looked.
     """
@@ -87,7 +88,10 @@ def find_state_file(path: str | os.PathLike[str]) -> Path:
         return p
     found = [p / STATE_FILE] if (p / STATE_FILE).is_file() else []
     if p.is_dir():
-        checkpoints = [(int(m.group(1)), c) for c in p.iterdir() if (m := _CHECKPOINT.match(c.name))]
+        # a checkpoint-N that is a link is passed over: whoever could write into the run put it, and it may lead
+        # to another run's state (the folder named by the user may itself be a link)
+        checkpoints = [(int(m.group(1)), c) for c in p.iterdir() if (m := _CHECKPOINT.match(c.name))
+                       and not c.is_symlink()]
         newest = next((c / STATE_FILE for _, c in sorted(checkpoints, key=lambda x: x[0], reverse=True)
                        if (c / STATE_FILE).is_file()), None)
         if newest is not None:

@@ -17,64 +17,111 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainwell.loop.live_log import LIVE_LOG_NAME, LiveHistory, parse_lines, rebuild
+from trainwell.loop.live_log import LIVE_LOG_NAME, MAX_LINE_BYTES, LiveHistory, parse_lines, rebuild
 from trainwell.report.files import open_regular
 
 #: the most of a live log read at once; a longer one is read from its last MAX_BYTES (its start then unknown)
 MAX_BYTES = 256 << 20
+#: the live log is read this much at a time: with the line carried over, the most held in memory while reading
+CHUNK_BYTES = 256 << 10
+_KINDS = 16
 
 
 class LiveLogReader:
     """Reads ``folder/live_log.jsonl`` as it grows: :meth:`poll` takes in the complete lines added since the last
-    call (the file replaced or shortened: read again from its start) and says whether anything changed."""
+    call (the file replaced or shortened: read again from its start) and says whether anything changed.
 
-    def __init__(self, folder: str | os.PathLike[str]) -> None:
+    Memory stays bounded however long the log: it is read ``CHUNK_BYTES`` at a time, a line longer than
+    ``MAX_LINE_BYTES`` is skipped (counted in ``skipped``) without being held, and with ``max_points`` the older
+    entries are thinned (``thin_entries``: about ``max_points`` kept per kind of entry, the newest ``max_points``
+    all kept; ``thinned`` then says so). Without ``max_points`` every entry is kept (a written report)."""
+
+    def __init__(self, folder: str | os.PathLike[str], max_points: int | None = None) -> None:
         self.path = Path(folder) / LIVE_LOG_NAME
+        self.max_points = max_points
         self.history: LiveHistory | None = None
         self.skipped = 0
+        self.thinned = False
         self._identity: tuple[int, int] | None = None
         self._offset = 0
+        self._skipping = False  # inside a line that is skipped (too long, or cut by a start past MAX_BYTES)
+
+    def _reset(self, identity: tuple[int, int] | None) -> None:
+        self.history, self._identity, self._offset, self.skipped = None, identity, 0, 0
+        self.thinned, self._skipping = False, False
 
     def poll(self) -> bool:
         fd = open_regular(self.path)
         if fd is None:
             changed = self.history is not None
-            self.history, self._identity, self._offset, self.skipped = None, None, 0, 0
+            self._reset(None)
             return changed
         try:
             info = os.fstat(fd)
             identity = (info.st_dev, info.st_ino)
             if identity != self._identity or info.st_size < self._offset:
-                self.history, self._identity, self._offset, self.skipped = None, identity, 0, 0
-            start = self._offset
-            if start == 0 and info.st_size > MAX_BYTES:
-                start = info.st_size - MAX_BYTES  # its start cannot be read: the history is incomplete
-            if info.st_size <= start and self.history is not None:
+                self._reset(identity)
+            if self._offset == 0 and info.st_size > MAX_BYTES:
+                # its start cannot be read: the history is incomplete; the first line read may be cut
+                self._offset, self._skipping = info.st_size - MAX_BYTES, True
+            if info.st_size <= self._offset and self.history is not None:
                 return False
-            os.lseek(fd, start, os.SEEK_SET)
-            data = _read(fd, min(info.st_size - start, MAX_BYTES))
+            fresh = self.history is None
+            self.history = self.history if self.history is not None else LiveHistory()
+            return self._read_from(fd, info.st_size) or fresh
         finally:
             os.close(fd)
-        if start > self._offset:  # began in the middle of a line: skip to the next one
-            cut = data.find(b"\n") + 1
-            data, start = data[cut:], start + cut
-        records, consumed, skipped = parse_lines(data)
-        self._offset = start + consumed
-        self.skipped += skipped
-        fresh = self.history is None
-        self.history = rebuild(records, self.history)
-        return bool(records) or fresh
+
+    def _read_from(self, fd: int, size: int) -> bool:
+        """Take in the complete lines between the offset and ``size``, a chunk at a time; True when any."""
+        assert self.history is not None
+        position, pending, changed = self._offset, b"", False
+        while position < size:
+            chunk = os.pread(fd, min(CHUNK_BYTES, size - position), position)
+            if not chunk:
+                break
+            position += len(chunk)
+            data = pending + chunk
+            if self._skipping:
+                cut = data.find(b"\n")
+                if cut < 0:  # still inside the skipped line: nothing of it is kept
+                    pending, self._offset = b"", position
+                    continue
+                data, self._skipping = data[cut + 1:], False
+            records, consumed, skipped = parse_lines(data)
+            self.skipped += skipped
+            pending = data[consumed:]
+            if len(pending) > MAX_LINE_BYTES:  # a line longer than any the writer writes: skipped, not held
+                pending, self._skipping, self.skipped = b"", True, self.skipped + 1
+            self._offset = position - len(pending)
+            if records:
+                changed = True
+                rebuild(records, self.history)
+                if self.max_points is not None and len(self.history.entries) > 8 * self.max_points:
+                    self.history.entries = thin_entries(self.history.entries, self.max_points)
+                    self.thinned = True
+        return changed
 
 
-def _read(fd: int, size: int) -> bytes:
-    chunks, left = [], size
-    while left > 0:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+def thin_entries(entries: list[dict[str, Any]], per_kind: int) -> list[dict[str, Any]]:
+    """``entries`` with the older ones thinned: the newest ``per_kind`` are all kept; before them, the entries of
+    each kind (the same keys: the train logs, the evaluations, ...; past ``_KINDS`` kinds, one kind for the rest)
+    are halved, every other one kept (the first
+    included), until at most ``per_kind`` of that kind are left. Called whenever the list grows past a bound, this
+    keeps each curve's older points with a stride that doubles, so a log of any length costs the same memory."""
+    cut = max(len(entries) - per_kind, 0)
+    kinds: dict[frozenset[str] | None, list[int]] = {}
+    for position in range(cut):
+        kind: frozenset[str] | None = frozenset(entries[position])
+        if kind not in kinds and len(kinds) >= _KINDS:
+            kind = None  # a log whose every entry has other keys: its entries share one kind beyond the first few
+        kinds.setdefault(kind, []).append(position)
+    kept: set[int] = set()
+    for positions in kinds.values():
+        while len(positions) > per_kind:
+            positions = positions[::2]
+        kept.update(positions)
+    return [e for p, e in enumerate(entries[:cut]) if p in kept] + entries[cut:]
 
 
 def read_live_log(folder: str | os.PathLike[str]) -> LiveHistory | None:
@@ -88,11 +135,14 @@ def _key(entry: Any) -> str:
     return json.dumps(entry, sort_keys=True, default=str)
 
 
-def merge_state(state: dict[str, Any] | None, live: LiveHistory | None) -> dict[str, Any] | None:
+def merge_state(state: dict[str, Any] | None, live: LiveHistory | None, thinned: bool = False
+                ) -> dict[str, Any] | None:
     """The state with the live log's newer entries: ``state``'s ``log_history`` followed by the live entries after
     the live log's copy of its last entry (``state`` itself when the live log holds no such copy: another run's,
     or older). Without a state, the live log's history when it starts with a fresh start. ``global_step`` and
-    ``max_steps`` follow the newest session. ``state`` is not modified."""
+    ``max_steps`` follow the newest session. ``state`` is not modified. ``thinned``: the live log's older entries
+    were thinned (``thin_entries``), so the copy may be gone: then the live entries after the last entry's step
+    follow it, when the live log reaches back that far."""
     if live is None or not live.entries:
         return state if state is not None or live is None or not live.complete else _from_live({}, [], live)
     history = state.get("log_history") if isinstance(state, dict) else None
@@ -102,7 +152,15 @@ def merge_state(state: dict[str, Any] | None, live: LiveHistory | None) -> dict[
     for position in range(len(live.entries) - 1, -1, -1):
         if _key(live.entries[position]) == last:
             return _from_live(state, history, live, live.entries[position + 1:])
+    step = _step_of(history[-1])
+    if thinned and step is not None and (_step_of(live.entries[0]) or 0) <= step:
+        return _from_live(state, history, live, [e for e in live.entries if (_step_of(e) or -1) > step])
     return state
+
+
+def _step_of(entry: Any) -> int | None:
+    step = entry.get("step") if isinstance(entry, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _from_live(state: dict[str, Any], history: list[Any], live: LiveHistory,

@@ -29,7 +29,8 @@ def find_args_file(run_dir: str | Path, state_path: str | Path | None = None) ->
     if state_path is not None:
         candidates.append(Path(state_path).parent / ARGS_FILE)
     if run.is_dir():
-        checkpoints = [(int(m.group(1)), c) for c in run.iterdir() if (m := _CHECKPOINT.match(c.name))]
+        checkpoints = [(int(m.group(1)), c) for c in run.iterdir() if (m := _CHECKPOINT.match(c.name))
+                       and not c.is_symlink()]  # a linked checkpoint-N may be another run's
         candidates += [c / ARGS_FILE for _, c in sorted(checkpoints, key=lambda x: x[0], reverse=True)]
     return next((c for c in candidates if c.is_file()), None)
 

@@ -1,43 +1,48 @@
 """``trainwell report --watch RUN [RUN ...]``: a page on localhost that follows runs while they train.
 
-Owns watching the run folders and serving what they hold. Every second a background thread looks at each run's
-files (``trainer_state.json`` of the folder and of its newest checkpoint: a ``stat`` each; the live log,
+Owns watching the run folders and building what the page shows. Every second a background thread looks at each
+run's files (``trainer_state.json`` of the folder and of its newest checkpoint: a ``stat`` each; the live log,
 ``live_log.jsonl``: only the bytes added since the last look) and, when something changed, rebuilds that run's
 curves (``trainwell.report.history``, merged with the live log by ``trainwell.report.live``). The page
-(``trainwell.report.watch_page``) asks for them every second and redraws, so a log shows within about two
-seconds. Nothing but the run folders is read, so a run on another machine is watched through a shared disk; the
-training process is never contacted.
+(``trainwell.report.watch_page``, served by ``trainwell.report.watch_server``) asks for them every second and
+redraws, so a log shows within about two seconds. Nothing but the run folders is read, so a run on another
+machine is watched through a shared disk; the training process is never contacted.
 
-Safety: the server listens on 127.0.0.1 only and answers ``GET /`` (the page) and ``GET /data`` (the curves as
-JSON) and nothing else; a request whose ``Host`` is not this machine's loopback name is refused (a web page
-elsewhere cannot read the data through DNS rebinding). It writes nothing. Every file is hostile: read only when
-it is a regular file reached without a symbolic link, never blocking on a FIFO, a state file of at most
-``MAX_STATE_BYTES``; a file that cannot be read is reported on the page and the run's last good curves are kept.
-Names and metric keys reach the page as JSON and are shown as text, never as markup.
+Safety: the server (``watch_server``) answers only requests carrying its token. Nothing is written. Every file is
+hostile: read only when it is a regular file reached without a symbolic link (a ``checkpoint-N`` that is a link
+is passed over: it could lead to another run's state), never blocking on a FIFO, a state file of at most
+``MAX_STATE_BYTES``, the live log in bounded chunks with its older points thinned (``LiveLogReader``); a file
+that cannot be read, a value that is not a finite number, or a run folder gone is reported on the page as that
+run's error and its last good curves are kept. Nothing a file holds can stop the watcher thread. Names and metric
+keys reach the page as JSON and are shown as text, never as markup.
 """
 
 from __future__ import annotations
 
-import http.server
 import json
+import logging
 import math
 import os
 import re
-import secrets
 import stat
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from trainwell.loop.live_log import LIVE_LOG_NAME
+from trainwell.loop.live_log import LIVE_LOG_NAME, MAX_LINE_BYTES
 from trainwell.report.curves import auto_weight, downsample, smooth, spans_decade, values_of
 from trainwell.report.files import read_regular_file
 from trainwell.report.history import STATE_FILE, RunHistory, parse_state, run_from_state, summary
 from trainwell.report.live import LiveLogReader, merge_state
 from trainwell.report.plots import plot_groups
+from trainwell.report.watch_server import WatchServer
+
+logger = logging.getLogger(__name__)
 
 MAX_STATE_BYTES = 1 << 30
+#: the most live-log points kept per curve (older ones thinned, ``LiveLogReader``): memory bounded however long
+LIVE_POINTS = 2000
 _POINTS = 400  # buckets per curve sent to the page (curves.downsample keeps about twice as many points)
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _LINEAR_ONLY = frozenset({"learning_rate"})
@@ -59,9 +64,10 @@ class WatchedRun:
         self.path = Path(path)
         self.name = name
         folder = self.path.is_dir() and not _CHECKPOINT.match(self.path.name)
-        self.reader = LiveLogReader(self.path) if folder else None
+        self.reader = LiveLogReader(self.path, max_points=LIVE_POINTS) if folder else None
         self.run: RunHistory | None = None
         self.error: str | None = None  #: why a file could not be read (the last good curves are kept)
+        self.bad_value: str | None = None  #: a number of the state that is not finite (the last good curves kept)
         self.waiting: str | None = None  #: why there is nothing to show yet
         self._state_key: tuple[Any, ...] | None = None
         self._state: tuple[Path, dict[str, Any]] | None = None
@@ -75,8 +81,9 @@ class WatchedRun:
             info = _regular(self.path)
             return [(self.path, info)] if info else []
         found = [self.path / STATE_FILE]
-        try:
-            steps = [(int(m.group(1)), e.name) for e in os.scandir(self.path) if (m := _CHECKPOINT.match(e.name))]
+        try:  # a checkpoint-N that is a link is passed over: it may lead anywhere, another run's state included
+            steps = [(int(m.group(1)), e.name) for e in os.scandir(self.path)
+                     if (m := _CHECKPOINT.match(e.name)) and e.is_dir(follow_symlinks=False)]
         except OSError:
             steps = []
         for _, name in sorted(steps, reverse=True):
@@ -105,7 +112,11 @@ class WatchedRun:
 
     def refresh(self) -> bool:
         """Look at the files again; True when what the page shows of this run changed."""
-        before = self.error
+        before = self.problem
+        if not os.path.exists(self.path):
+            self.error = f"{self.path} is gone (deleted or moved?): the last curves read are kept"
+            self._state_key = None
+            return self.problem != before
         changed = self.reader.poll() if self.reader is not None else False
         changed = self._read_state() or changed or self._pending
         if not changed:
@@ -113,19 +124,58 @@ class WatchedRun:
         now = time.monotonic()
         if now - self._built_at < 4 * self._cost:  # a long history: rebuilt at most a fifth of the time
             self._pending = True
-            return self.error != before
+            return self.problem != before
         self._pending, self._built_at = False, now
         live = self.reader.history if self.reader is not None else None
         path, state = self._state if self._state is not None else (None, None)
-        merged = merge_state(state, live) or state
+        merged = merge_state(state, live, thinned=self.reader is not None and self.reader.thinned) or state
         if merged is None:
             waiting = f"nothing to show yet: no {STATE_FILE} and no live log in {self.path} (waiting for the run)"
             changed, self.waiting = waiting != self.waiting, waiting
-            return changed or self.error != before
+            return changed or self.problem != before
         source = path if path is not None else self.path / LIVE_LOG_NAME
+        self.bad_value = _non_finite(merged, source)
+        if self.bad_value is not None:
+            return self.problem != before
         self.run, self.waiting = run_from_state(source, merged, live, self.name), None
         self._cost = time.monotonic() - now
         return True
+
+    @property
+    def problem(self) -> str | None:
+        """What the page says went wrong with this run (None when nothing did)."""
+        return self.bad_value or self.error
+
+    def note(self) -> str | None:
+        """What the page says of the live log's lines it left out or thinned (None when none)."""
+        reader = self.reader
+        if reader is None or not (reader.skipped or reader.thinned):
+            return None
+        parts = [f"{reader.skipped} line{'s' if reader.skipped != 1 else ''} of {LIVE_LOG_NAME} skipped (not a "
+                 f"record, or longer than {MAX_LINE_BYTES >> 20} MiB)"] if reader.skipped else []
+        if reader.thinned:
+            parts.append(f"older live-log points thinned to about {LIVE_POINTS} per curve")
+        return "; ".join(parts)
+
+
+def _non_finite(state: dict[str, Any], source: Path) -> str | None:
+    """Why ``state`` cannot be shown (a step count or epoch that is not a finite number), or None."""
+    for key in ("global_step", "max_steps", "epoch"):
+        value = state.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{source}: {key} is {value}, not a finite number (the last good curves are kept)"
+    return None
+
+
+def _clean(value: Any) -> Any:
+    """``value`` with every float that is not finite replaced by None: what JSON can carry."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
 
 
 def _step(state: dict[str, Any]) -> int:
@@ -143,8 +193,8 @@ def _points(points: list[tuple[float, float]]) -> list[list[float | None]]:
 
 def _status(watched: WatchedRun) -> dict[str, Any]:
     run = watched.run
-    out: dict[str, Any] = {"name": watched.name, "folder": str(watched.path),
-                           "error": watched.error or (watched.waiting if watched.run is None else None)}
+    out: dict[str, Any] = {"name": watched.name, "folder": str(watched.path), "note": watched.note(),
+                           "error": watched.problem or (watched.waiting if watched.run is None else None)}
     if run is None:
         return out
     state, session = run.state, run.sessions[-1] if run.sessions else None
@@ -196,6 +246,15 @@ def figures(runs: list[WatchedRun], smoothing: float | None = None) -> list[dict
     return out
 
 
+def _guarded_status(watched: WatchedRun) -> dict[str, Any]:
+    """``_status`` made JSON-safe; a failure becomes the run's error."""
+    try:
+        return _clean(_status(watched))
+    except Exception as err:  # noqa: BLE001 - whatever a hostile file provokes, the page says so and goes on
+        return {"name": watched.name, "folder": str(watched.path), "error": f"cannot show {watched.path}: "
+                f"{type(err).__name__}: {err}"}
+
+
 def _guarded_refresh(run: WatchedRun) -> bool:
     """``run.refresh()``; a failure is shown as the run's error (the watcher thread must outlive any file)."""
     try:
@@ -219,13 +278,19 @@ class Watcher:
         self._thread = threading.Thread(target=self._loop, name="trainwell-watch", daemon=True)
 
     def refresh(self) -> None:
+        """Look at every run again and, when anything changed, build the next payload. Never raises: what
+        goes wrong is put on the page (the run's error, or the page's when the figures cannot be built)."""
         changed = [_guarded_refresh(run) for run in self.runs]
-        if any(changed) or not self._payload:  # the page learns of a change by the version
-            body = {"version": self.version + 1, "runs": [_status(r) for r in self.runs],
-                    "figures": figures(self.runs, self.smoothing)}
-            data = json.dumps(body, allow_nan=False, default=str, separators=(",", ":")).encode("utf-8")
-            with self._lock:
-                self.version, self._payload = self.version + 1, data
+        if not (any(changed) or not self._payload):  # the page learns of a change by the version
+            return
+        body: dict[str, Any] = {"version": self.version + 1, "runs": [_guarded_status(r) for r in self.runs]}
+        try:
+            body["figures"], body["error"] = _clean(figures(self.runs, self.smoothing)), None
+        except Exception as err:  # noqa: BLE001 - the table still shows, with what went wrong
+            body["figures"], body["error"] = [], f"cannot draw the figures: {type(err).__name__}: {err}"
+        data = json.dumps(body, allow_nan=False, default=str, separators=(",", ":")).encode("utf-8")
+        with self._lock:
+            self.version, self._payload = self.version + 1, data
 
     def payload(self, since: int | None) -> bytes:
         with self._lock:
@@ -242,83 +307,19 @@ class Watcher:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            self.refresh()
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: WatchServer
-    server_version = "trainwell-watch"
-    sys_version = ""
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        pass  # no line per request on the console
-
-    def _send(self, code: int, body: bytes, kind: str, extra: dict[str, str] | None = None) -> None:
-        self.send_response(code)
-        headers = {"Content-Type": kind, "Content-Length": str(len(body)), "Cache-Control": "no-store",
-                   "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
-                   "X-Frame-Options": "DENY", **(extra or {})}
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def _refuse(self, code: int, why: str) -> None:
-        self._send(code, (why + "\n").encode(), "text/plain; charset=utf-8")
-
-    def do_GET(self) -> None:  # noqa: N802 - the base class's name
-        if not self.server.host_allowed(self.headers.get("Host")):
-            self._refuse(403, "this page answers only requests to 127.0.0.1 or localhost")
-            return
-        path, _, query = self.path.partition("?")
-        if path == "/":
-            from trainwell.report.watch_page import page
-
-            nonce = secrets.token_urlsafe(16)
-            csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; connect-src 'self'; "
-                   "img-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-            self._send(200, page(nonce).encode(), "text/html; charset=utf-8", {"Content-Security-Policy": csp})
-        elif path == "/data":
-            match = re.fullmatch(r"since=(-?\d{1,18})", query)
-            self._send(200, self.server.watcher.payload(int(match.group(1)) if match else None),
-                       "application/json; charset=utf-8")
-        else:
-            self._refuse(404, "not found: this server has / and /data only")
-
-    do_HEAD = do_GET
-
-    def _read_only(self) -> None:
-        self._refuse(405, "read-only: only GET is answered")
-
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _read_only
-
-
-class WatchServer(http.server.ThreadingHTTPServer):
-    """The HTTP server on 127.0.0.1 (``port`` 0: a free one, chosen by the system)."""
-
-    daemon_threads = True
-
-    def __init__(self, watcher: Watcher, port: int = 0) -> None:
-        super().__init__(("127.0.0.1", port), _Handler)
-        self.watcher = watcher
-        self.port = self.server_address[1]
-        self._hosts = {f"{name}:{self.port}" for name in ("127.0.0.1", "localhost", "[::1]")}
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
-
-    def host_allowed(self, host: str | None) -> bool:
-        return host is not None and host.lower() in self._hosts
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - refresh() catches what a file provokes; the thread must outlive a bug
+                logger.exception("trainwell report --watch: refreshing the page failed; it tries again")
 
 
 def watch_runs(paths: list[str], names: list[str], port: int = 0, interval: float = 1.0,
-               smoothing: float | None = None) -> WatchServer:
-    """A started server (its watcher refreshing in the background) for the runs at ``paths``; call
-    ``serve_forever()`` on it, and ``shutdown()`` and ``watcher.stop()`` to end it."""
+               smoothing: float | None = None, token: str | None = None) -> WatchServer:
+    """A started server (its watcher refreshing in the background) for the runs at ``paths``, answering requests
+    that carry ``token`` (random when None; ``server.url`` holds it); call ``serve_forever()`` on it, and
+    ``shutdown()`` and ``watcher.stop()`` to end it."""
     watcher = Watcher([WatchedRun(p, n) for p, n in zip(paths, names)], interval, smoothing)
-    server = WatchServer(watcher, port)
+    server = WatchServer(watcher, port, token)
     watcher.start()
     return server
 

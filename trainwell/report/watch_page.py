@@ -6,7 +6,9 @@ last losses, how long ago it last logged, whether its ``train()`` returned) and 
 written report (``trainwell.report.plots.plot_groups``), every run on each chart in its own colour, the train loss
 smoothed over its faint raw curve, a dashed line at each resume point, a log-scale y where the server says so.
 Nothing is fetched from elsewhere (the server's Content-Security-Policy allows this script, by its nonce, and
-requests to itself only). Every name from a run folder is set as text (``textContent``), never parsed as markup.
+requests to itself only); each data request carries the page's token (from its address), which the server
+requires. The server's ``error`` (the figures could not be built) shows above the table, a run's ``error`` and
+``note`` in its row. Every name from a run folder is set as text (``textContent``), never parsed as markup.
 After each redraw ``document.body`` carries ``data-version``, every chart its figure's ``data-key`` and ``data-points``
 (its number of points), and every curve a ``g`` with ``data-run``, ``data-series`` and ``data-points``: the browser
 test reads them.
@@ -35,6 +37,7 @@ _SCRIPT = r"""
                 '#bcbd22', '#17becf'];
   var W = 600, H = 300, L = 62, R = 12, T = 12, B = 36, SVG = 'http://www.w3.org/2000/svg';
   var version = -1, last = null, offset = 0;
+  var TOKEN = new URLSearchParams(window.location.search).get('token') || '';  // the server answers no one without
 
   function node(tag, attrs, text, svg) {
     var e = svg ? document.createElementNS(SVG, tag) : document.createElement(tag);
@@ -161,7 +164,9 @@ _SCRIPT = r"""
       row.appendChild(node('td', {'class': 'num age', 'data-time': r.last_log || ''}, ''));
       var state = r.error ? r.error : r.step === undefined ? '' : !r.finished ? 'training, or stopped before its end' :
         r.step >= r.max_steps ? 'finished' : 'stopped at step ' + r.step + ' (train() returned early)';
-      row.appendChild(node('td', {'class': r.error ? 'note' : ''}, state));
+      var cell = node('td', {'class': r.error ? 'note' : ''}, state);
+      if (r.note) { cell.appendChild(node('div', {'class': 'muted'}, r.note)); }
+      row.appendChild(cell);
       t.appendChild(row);
     });
     return t;
@@ -192,9 +197,9 @@ _SCRIPT = r"""
 
   function poll() {
     var status = document.getElementById('status');
-    fetch('data?since=' + version, {cache: 'no-store'})
+    fetch('data?since=' + version + '&token=' + encodeURIComponent(TOKEN), {cache: 'no-store'})
       .then(function (r) { if (!r.ok) { throw new Error('HTTP ' + r.status); } return r.json(); })
-      .then(function (data) { status.textContent = ''; render(data); })
+      .then(function (data) { render(data); status.textContent = last && last.error ? last.error : ''; })
       .catch(function (err) {
         status.textContent = 'The server does not answer (' + err.message + '): is trainwell report --watch ' +
           'still running? The page keeps trying.';
