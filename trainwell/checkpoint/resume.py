@@ -57,6 +57,9 @@ class RunPlan:
     #: ``(global_step, epoch, saved_max_steps) -> (epoch, windows of it already trained)``: where in the data a
     #: checkpoint's step stands (``trainwell.loop.plan.StepPlan.position_at``)
     position_at: Callable[[int, float | None, int | None], tuple[int, int]]
+    #: ``(epoch, samples) -> (epoch, windows of it already trained)`` (None: not on a window of this run) for a
+    #: checkpoint that recorded the sample places of its epoch used (``StepPlan.position_of_samples``)
+    position_of_samples: Callable[[int, int], tuple[int, int] | None] | None = None
 
 
 @dataclass
@@ -133,12 +136,16 @@ class Resume:
         """The checkpoint's ``trainer_state.json``, as parsed when it was found (validated then)."""
         return self.files.json(TRAINER_STATE_NAME)
 
-    def read_state(self, args: Any, plan: RunPlan) -> TrainerState:
+    def read_state(self, args: Any, plan: RunPlan, samples: Any = None) -> TrainerState:
         """The checkpoint's ``TrainerState`` (a fresh copy each call); sets ``epoch`` and ``windows_done``.
 
         The step count carries over as it is (a checkpoint past this run's ``max_steps`` is a ValueError naming
-        the fix). The data position is ``global_step`` windows of *this* run's global batch; when the checkpoint's
-        run took another one, a warning says the rest of the epoch will not see exactly the same samples.
+        the fix). The data position is where the checkpoint stood in its epoch, in samples (``samples``: its
+        ``{"epoch", "samples"}`` record), when that ends on a window of this run: exact whatever global batch
+        either run takes (8 processes -> 4 -> 2). Otherwise (an older checkpoint, data without a length, a
+        position inside one of this run's windows) it is ``global_step`` windows of *this* run's global batch;
+        when the checkpoint's run took another one, a warning says the rest of the epoch will not see exactly the
+        same samples.
         """
         data = self.saved_state
         unknown = unknown_fields(data)
@@ -156,10 +163,11 @@ class Resume:
             logger.warning("The best checkpoint %s recorded in the resumed state no longer exists.", best)
             state.best_model_checkpoint = None
         warn_changed_arguments(self.path, state, args, plan.max_steps, self.files.json_or_none(TRAINING_ARGS_NAME))
-        self.epoch, windows = plan.position_at(state.global_step, state.epoch, state.max_steps)
+        at = _sample_position(samples, plan)
+        self.epoch, windows = at or plan.position_at(state.global_step, state.epoch, state.max_steps)
         self.windows_done = 0 if args.ignore_data_skip else windows
         before = checkpoint_global_batch(self.files, state)
-        if before is not None and before != plan.global_batch and not args.ignore_data_skip:
+        if at is None and before is not None and before != plan.global_batch and not args.ignore_data_skip:
             logger.warning(
                 "%s was trained with %d samples per optimizer step; this run takes %d. Training continues at step "
                 "%d, with the data position computed from this run's batch, so the rest of the epoch will not see "
@@ -168,6 +176,16 @@ class Resume:
                 self.path, before, plan.global_batch, state.global_step, before,
             )  # fmt: skip
         return state
+
+
+def _sample_position(samples: Any, plan: RunPlan) -> tuple[int, int] | None:
+    """(epoch, windows) from a checkpoint's ``{"epoch", "samples"}`` record, when it is one and lands on a window."""
+    if plan.position_of_samples is None or not isinstance(samples, dict):
+        return None
+    epoch, used = samples.get("epoch"), samples.get("samples")
+    if not (type(epoch) is int and type(used) is int and epoch >= 0 and used >= 0):
+        return None  # not a record trainwell wrote: the step count says where the data stands
+    return plan.position_of_samples(epoch, used)
 
 
 def warn_changed_arguments(path: str, saved: TrainerState, args: Any, max_steps: int,
