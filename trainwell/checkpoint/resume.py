@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trainwell.checkpoint import agreement, manifest
+from trainwell.checkpoint import agreement, fetch, manifest
 from trainwell.checkpoint.contents import CONTENTS
 from trainwell.checkpoint.io import CheckpointFiles, index_shards
 from trainwell.checkpoint.layout import (
@@ -85,6 +85,10 @@ class Resume:
         """:meth:`find` for a Trainer: its ``output_dir`` and checksum setting, agreed on by all its processes."""
         args, runtime = hooks.args, hooks.runtime
         gather = runtime.all_gather_object if runtime.distributed else None
+        if gather is not None:  # disks local to each node: those that lack process zero's checkpoint receive it
+            fetch.fetch_missing(resume_from_checkpoint not in (None, False),
+                                lambda: _fetch_target(resume_from_checkpoint, args.output_dir),
+                                lambda path: _fetched_to(resume_from_checkpoint, args.output_dir, path), gather)
         return cls.find(resume_from_checkpoint, args.output_dir, args.verify_checkpoint_checksums, gather)
 
     @classmethod
@@ -176,6 +180,21 @@ class Resume:
                 self.path, before, plan.global_batch, state.global_step, before,
             )  # fmt: skip
         return state
+
+
+def _fetch_target(resume_from_checkpoint: str | bool, output_dir: str) -> str | None:
+    """The checkpoint this process would resume, for the processes that lack it (its newest by the size checks: the
+    search that follows checks the checksums and says what it passes over)."""
+    if resume_from_checkpoint is True:
+        found = newest_resumable(output_dir, checksums=False, quiet=True)
+        return str(found.path) if found is not None else None
+    return str(resume_from_checkpoint) if os.path.isdir(resume_from_checkpoint) else None
+
+
+def _fetched_to(resume_from_checkpoint: str | bool, output_dir: str, path: str) -> str:
+    """Where this process keeps process zero's checkpoint ``path``: the same name in its own ``output_dir`` when the
+    newest is resumed, the same path when one is named."""
+    return os.path.join(output_dir, os.path.basename(path)) if resume_from_checkpoint is True else path
 
 
 def _sample_position(samples: Any, plan: RunPlan) -> tuple[int, int] | None:
@@ -468,21 +487,22 @@ def get_last_checkpoint(folder: str | os.PathLike) -> str | None:
     return None
 
 
-def newest_resumable(folder: str | os.PathLike, checksums: bool = True) -> CheckpointFiles | None:
+def newest_resumable(folder: str | os.PathLike, checksums: bool = True, quiet: bool = False) -> CheckpointFiles | None:
     """The checkpoint ``resume_from_checkpoint=True`` resumes (its files, listed and parsed once): the newest
     complete one whose files match its manifest, else the newest usable one (partial: some training state
-    missing). Each checkpoint passed over is named in a warning with the reason."""
+    missing). Each checkpoint passed over is named in a warning with the reason (unless ``quiet``)."""
     fallback = None
+    warn = logger.debug if quiet else logger.warning
     for step, path in reversed(checkpoints(folder)):
         files = CheckpointFiles(path)
         reason = _resumable_problem(files, checksums, step)
         if reason is not None:
-            logger.warning("Skipping damaged checkpoint %s: %s", path, reason)
+            warn("Skipping damaged checkpoint %s: %s", path, reason)
             continue
         missing = _missing_training_state(files)
         if missing is None:
             return files
-        logger.warning("Skipping incomplete checkpoint %s: %s", path, missing)
+        warn("Skipping incomplete checkpoint %s: %s", path, missing)
         fallback = fallback or files
     return fallback
 
