@@ -65,6 +65,8 @@ def fetch_missing(asked: bool, target: Callable[[], str | None], here: Callable[
     in its own ``output_dir`` for the newest checkpoint; the same path for a named one). ``gather``: the run's
     all-gather of a small object.
     """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None  # no torch process group to send over (the search then says what each process lacks)
     rank = dist.get_rank()
     everyone = gather((asked, _offer(target) if asked else None))
     offers = [r for r, (_, offer) in enumerate(everyone) if offer is not None]
@@ -91,14 +93,14 @@ def fetch_missing(asked: bool, target: Callable[[], str | None], here: Callable[
                     problem = _receive(Path(path), raw, records, source, group)
             finally:
                 dist.destroy_process_group(group)
-    problems = gather(problem if problem is not None else
-                      (None if rank not in receivers or _holds(path, raw, records) else
-                       f"{path} is still incomplete on process {rank} after the fetch."))
-    found = [p for p in problems if p is not None]
+    gather(None)  # every receiving disk has its copy (or its problem) by now
+    if problem is None and rank in receivers and not _holds(path, raw, records):
+        problem = f"{path} is still incomplete on process {rank} after the fetch."
+    found = [p for p in gather(problem) if p is not None]
     if found:
-        raise ValueError(f"Fetching the checkpoint {path} from process {source} to the processes whose disks lack it "
-                         f"failed: {found[0]} Copy the folder to every node by hand, or put output_dir on a disk every "
-                         "node mounts.")
+        raise ValueError(f"Fetching the checkpoint {everyone[source][1][0]} from process {source} to the processes "
+                         f"whose disks lack it failed: {found[0]} Copy the folder to every node by hand, or put "
+                         "output_dir on a disk every node mounts.")
     return path if rank in receivers else None
 
 
