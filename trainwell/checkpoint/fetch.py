@@ -108,8 +108,8 @@ def _offer(target: Callable[[], str | None]) -> tuple[str, bytes] | None:
     """(path, its manifest's bytes) of the checkpoint this process would resume; None without one (or its manifest)."""
     try:
         path = target()
-    except ValueError:
-        return None  # nothing to resume here: the search raises its error on every process
+    except (OSError, ValueError):
+        return None  # nothing to resume here (or unreadable): the search raises its error on every process
     if path is None:
         return None
     try:
@@ -136,9 +136,12 @@ def _one_per_disk(path: str, receiving: bool, sending: bool, gather: Gather) -> 
     token = None
     if receiving or sending:
         token = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
-        os.makedirs(parent, exist_ok=True)
-        open(parent / token, "xb").close()
-    tokens = gather((token, sending))
+        try:
+            os.makedirs(parent, exist_ok=True)
+            open(parent / token, "xb").close()
+        except OSError:  # a folder it cannot write to: it receives nothing, and its check afterwards says so
+            token = None
+    tokens = gather((token, sending))  # a collective on every process, so none may raise before it
     source = next(r for r, (_, s) in enumerate(tokens) if s)
     seen = [r for r, (name, _) in enumerate(tokens) if name is not None and (parent / name).exists()] if receiving \
         else []
