@@ -261,9 +261,7 @@ class Checkpointer:
         if phase is Phase.STATE:
             if self._plan is None:
                 raise RuntimeError("Checkpointer.use_plan(plan) must come before the STATE phase is restored.")
-            saved = self.saved_rng(self.resume.path)  # where the checkpoint stood in its epoch, in samples
-            hooks.state = self.resume.read_state(hooks.args, self._plan,
-                                                 saved.get(contents.PIECES["epoch_samples"].entry) if saved else None)
+            hooks.state = self.resume.read_state(hooks.args, self._plan, self._epoch_samples())
         rows = [p for p in contents.CONTENTS if p.restored is phase]
         methods = [p.restored_by for p in rows if p.restored_by and (p.restored_if is None
                                                                      or getattr(hooks.args, p.restored_if))]
@@ -279,6 +277,18 @@ class Checkpointer:
                 self._providers[piece.name].load_state_dict(state)
                 restored.append(piece.name)
         return tuple(restored)
+
+    def _epoch_samples(self) -> Any:
+        """Where the resumed checkpoint stood in its epoch, in samples (``"epoch_samples"``): the same in every
+        process's RNG file, so a process of a run on more processes than wrote it, or a single process (which reads
+        ``rng_state.pth``), reads it from process 0's file."""
+        saved = self.saved_rng(self.resume.path)
+        if saved is None:
+            files = self.resume.files
+            name = next((n for n in (contents.piece_name("rng", 0, 2), contents.piece_name("rng")) if files.has(n)),
+                        None)
+            saved = load_rng_file(files.path / name) if name is not None else None
+        return saved.get(contents.PIECES["epoch_samples"].entry) if saved else None
 
     def _saved(self, piece: contents.Piece) -> Any:
         """What the resumed checkpoint holds of a provider's ``piece`` for this process (None: nothing to restore)."""
