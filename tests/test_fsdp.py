@@ -117,12 +117,14 @@ def test_full_state_dict_checkpoints_best_model_and_compile(runs):
     assert "pytorch_model_fsdp_0" not in os.listdir(folder)
 
 
-def test_a_resume_with_another_global_batch_says_so(runs):
+def test_a_resume_with_another_global_batch_says_so_when_it_cannot_continue_exactly(runs):
     _two_ranks(runs)
-    resumed = runs("reshard-other-batch", 0, "--batch", "4", "--resume", str(runs.workdir("fsdp2") / "checkpoint-3"))
-    assert "was trained with 8 samples per optimizer step; this run takes 4" in resumed["log"]
-    assert "was trained with" not in runs("reshard-2-1", 0, "--batch", "8", "--resume",
-                                          str(runs.workdir("fsdp2") / "checkpoint-3"))["log"]
+    checkpoint = str(runs.workdir("fsdp2") / "checkpoint-3")  # 3 steps of 2 x 4: 24 samples of the epoch used
+    resumed = runs("reshard-other-batch", 0, "--batch", "16", "--resume", checkpoint)  # 24 is not a whole step of 16
+    assert "was trained with 8 samples per optimizer step; this run takes 16" in resumed["log"]
+    # a batch that 24 samples fill whole steps of continues at the 25th sample, exactly: nothing to warn about
+    for name, batch in (("reshard-2-1", "8"), ("reshard-2-1-half", "4")):
+        assert "was trained with" not in runs(name, 0, "--batch", batch, "--resume", checkpoint)["log"]
 
 
 def test_a_sharded_checkpoint_without_its_metadata_is_incomplete(runs, tmp_path):

@@ -141,27 +141,32 @@ def test_node_local_disks_with_one_writer(tmp_path, full):
     assert all(r["params"] == full.reports[0]["params"] for r in run.reports.values())
 
 
-def test_node_local_disks_with_one_writer_resume_once_the_checkpoint_is_copied(tmp_path, full):
-    """The restart says which node lacks the checkpoint and how to fix it, on every process; once world process
-    zero's checkpoint folder is copied to the other disk, the run resumes exactly."""
+def test_node_local_disks_with_one_writer_resume_without_a_copy(tmp_path, full):
+    """Separate disks, save_on_each_node=False: only world process zero's disk holds checkpoint-4 when process 1 is
+    killed. The restart resumes without anyone copying folders: the process whose disk lacks the checkpoint receives
+    it over the process group (trainwell.checkpoint.fetch), checked against the manifest, and the run ends bit-equal
+    to the shared-disk run. Twice: with the writer's node numbered 0 again, and numbered 1 (a restart may renumber
+    the nodes), when the sender is the lowest-ranked process that has the checkpoint."""
     nodes = (tmp_path / "node0", tmp_path / "node1")
     killed = launch_two_nodes(nodes, tmp_path / "killed", "--kill-rank", "1", "--kill-step", "5")
     assert not killed.ok and killed.reports[1]["killed_at"] == 5, killed.explain()
     writer_disk, other_disk = _writer_and_other(killed, nodes)
     assert _checkpoints(writer_disk) == {f"checkpoint-{s}": CHECKPOINT_FILES for s in (2, 4)}
+    assert _checkpoints(other_disk) == {}
+    renumbered = (tmp_path / "again0", tmp_path / "again1")  # the same disks, for the restart that renumbers
+    for node, copy in zip(nodes, renumbered):
+        shutil.copytree(node, copy)
 
-    refused = launch_two_nodes(nodes, tmp_path / "refused", "--resume")
-    assert not refused.ok
-    messages = {r["message"] for r in refused.reports.values()}
-    assert len(messages) == 1, messages  # every process stops with the same error
-    (message,) = messages
-    assert "no complete checkpoint was found" in message and "out/checkpoint-4" in message
-    assert "save_on_each_node=True" in message and "copy the checkpoint folder" in message
-
-    shutil.copytree(writer_disk / "out" / "checkpoint-4", other_disk / "out" / "checkpoint-4")
-    resumed = launch_two_nodes(nodes, tmp_path / "resumed", "--resume")
+    writer_first = (0, 1) if writer_disk == nodes[0].resolve() else (1, 0)
+    resumed = launch_two_nodes(nodes, tmp_path / "resumed", "--resume", static_ranks=writer_first)
     _assert_same_run(resumed, full)
     _no_file_written_twice(killed, resumed)
+    assert "Sending out/checkpoint-4 from process 0 to processes 1" in resumed.process_logs[0]
+    assert _checkpoints(other_disk) == {"checkpoint-4": CHECKPOINT_FILES}  # the fetched copy, complete
+
+    swapped = launch_two_nodes(renumbered, tmp_path / "swapped", "--resume", static_ranks=writer_first[::-1])
+    _assert_same_run(swapped, full)
+    assert "Sending out/checkpoint-4 from process 1 to processes 0" in swapped.process_logs[1]
 
 
 def test_save_on_each_node_on_a_shared_disk_is_refused(tmp_path):

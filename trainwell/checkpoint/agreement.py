@@ -3,10 +3,11 @@
 Owns :func:`agree`, the collective behind ``Resume.find`` when a run has several processes. Nodes with their own
 disks (``save_on_each_node=True``) can hold different newest checkpoints: a node killed between the others'
 publishing of ``checkpoint-N`` and its own lacks it. Then the oldest of the checkpoints found is resumed if every
-process has it complete, with a warning. Otherwise, a process that finds no checkpoint, cannot read the one named,
-or was not asked to resume while others were makes every process raise the same error: never some resuming while
-others start over or wait. What a checkpoint is and whether it can be resumed is ``trainwell.checkpoint.resume``'s,
-handed in as callables.
+process has it complete, with a warning (a run resumed through ``Resume.of`` has first sent the processes that
+lack world process zero's checkpoint a copy: ``trainwell.checkpoint.fetch``). Otherwise, a process that finds no
+checkpoint, cannot read the one named, or was not asked to resume while others were makes every process raise the
+same error: never some resuming while others start over or wait. What a checkpoint is and whether it can be resumed
+is ``trainwell.checkpoint.resume``'s, handed in as callables.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from trainwell.checkpoint.layout import checkpoint_step
 
 logger = logging.getLogger(__name__)
 
-_NOT_SHARED = ("Every process reads the checkpoint it resumes from its own output_dir: on disks local to each node, "
-               "train with save_on_each_node=True (each node keeps a complete copy) or copy the checkpoint folder to "
-               "every node (torchrun's c10d rendezvous may number the nodes differently after a restart, so the "
-               "node that wrote it need not be process 0's again); on a shared file system, check that every node "
+_NOT_SHARED = ("Every process reads the checkpoint it resumes from its own output_dir; one whose disk lacks it "
+               "receives it from world process zero (or the lowest-ranked process that has one) when every process "
+               "resumes and the checkpoint has its manifest (checkpoint_manifest.json). Otherwise, on disks local to "
+               "each node, train with save_on_each_node=True (each node keeps a complete copy) or copy the checkpoint "
+               "folder to every node (torchrun's c10d rendezvous may number the nodes differently after a restart, so "
+               "the node that wrote it need not be process 0's again); on a shared file system, check that every node "
                "mounts it at the same path.")
 
 

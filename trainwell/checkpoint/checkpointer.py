@@ -145,11 +145,13 @@ class Checkpointer:
         return tuple(self._providers)
 
     def use_plan(self, max_steps: int, global_batch: int,
-                 position_at: Callable[[int, float | None, int | None], tuple[int, int]]) -> None:
+                 position_at: Callable[[int, float | None, int | None], tuple[int, int]],
+                 position_of_samples: Callable[[int, int], tuple[int, int] | None] | None = None) -> None:
         """What a resume needs of the run's step plan (``trainwell.loop.plan.StepPlan``): how long the run is, its
         global batch, and ``position_at(global_step, epoch, saved_max_steps) -> (epoch, windows of it trained)``,
-        where in the data a checkpoint's step stands."""
-        self._plan = RunPlan(max_steps, global_batch, position_at)
+        where in the data a checkpoint's step stands (``position_of_samples(epoch, samples)``: the same from the
+        sample places of its epoch used, when the checkpoint recorded them)."""
+        self._plan = RunPlan(max_steps, global_batch, position_at, position_of_samples)
 
     def provided(self, saved_by: str | None) -> list[tuple[contents.Piece, Any]]:
         """The pieces written by the Trainer method ``saved_by`` (None: by no method, the checkpointer writes them)
@@ -259,7 +261,7 @@ class Checkpointer:
         if phase is Phase.STATE:
             if self._plan is None:
                 raise RuntimeError("Checkpointer.use_plan(plan) must come before the STATE phase is restored.")
-            hooks.state = self.resume.read_state(hooks.args, self._plan)
+            hooks.state = self.resume.read_state(hooks.args, self._plan, self._epoch_samples())
         rows = [p for p in contents.CONTENTS if p.restored is phase]
         methods = [p.restored_by for p in rows if p.restored_by and (p.restored_if is None
                                                                      or getattr(hooks.args, p.restored_if))]
@@ -275,6 +277,18 @@ class Checkpointer:
                 self._providers[piece.name].load_state_dict(state)
                 restored.append(piece.name)
         return tuple(restored)
+
+    def _epoch_samples(self) -> Any:
+        """Where the resumed checkpoint stood in its epoch, in samples (``"epoch_samples"``): the same in every
+        process's RNG file, so a process of a run on more processes than wrote it, or a single process (which reads
+        ``rng_state.pth``), reads it from process 0's file."""
+        saved = self.saved_rng(self.resume.path)
+        if saved is None:
+            files = self.resume.files
+            name = next((n for n in (contents.piece_name("rng", 0, 2), contents.piece_name("rng")) if files.has(n)),
+                        None)
+            saved = load_rng_file(files.path / name) if name is not None else None
+        return saved.get(contents.PIECES["epoch_samples"].entry) if saved else None
 
     def _saved(self, piece: contents.Piece) -> Any:
         """What the resumed checkpoint holds of a provider's ``piece`` for this process (None: nothing to restore)."""

@@ -190,6 +190,9 @@ CONTENTS: tuple[Piece, ...] = (
     # The log window in progress: the first log after a resume averages the same steps as the uninterrupted run's.
     Piece("log_window", RNG_NAME, True, True, False, Phase.RNG, "_save_rng_state", None, entry="log_window"),
     Piece("data_position", "data_state.pth", True, True, False, Phase.DATA, "_save_rng_state", None),
+    # Where the checkpoint stands in its epoch, in samples of all processes (``{"epoch", "samples"}``): a resume with
+    # another global batch (another number of processes) continues at that sample, not at ``global_step`` x its batch.
+    Piece("epoch_samples", RNG_NAME, True, True, False, Phase.STATE, "_save_rng_state", None, entry="epoch_samples"),
     Piece("trainer_state", TRAINER_STATE_NAME, False, False, True, Phase.STATE, "_save_checkpoint",
           "_load_callback_state", restored_if="restore_callback_states_from_checkpoint"),
 )

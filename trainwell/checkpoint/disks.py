@@ -9,10 +9,10 @@ process zero with ``save_on_each_node=True``. Whether the nodes share ``output_d
 * ``save_on_each_node=True`` under FSDP or tensor parallelism: their (DCP) checkpoint is one folder of every
   process's shards; refused.
 * ``save_on_each_node=False`` on node-local disks: the checkpoints (complete: the writer writes every process's RNG
-  state, gathered) are on world process zero's disk only. Training works; a resume on the other nodes does not
-  find them, so a warning names the processes and the fixes. Under FSDP or DeepSpeed every process writes its
-  shards into the writer's folder, and ``load_best_model_at_end`` reads the best checkpoint on every process:
-  both are refused there.
+  state, gathered) are on world process zero's disk only. Training works; a warning names the processes that do
+  not see them, and a resume sends them the checkpoint from world process zero over the process group
+  (``trainwell.checkpoint.fetch``). Under FSDP or DeepSpeed every process writes its shards into the writer's
+  folder, and ``load_best_model_at_end`` reads the best checkpoint on every process: both are refused there.
 
 :func:`probe` finds out, once per ``train()`` call, with a file in ``output_dir`` whose name is new (a fresh
 name, so no client caches it as missing: NFS caches failed look-ups of names it has seen), and two small
@@ -115,8 +115,9 @@ def check(disks: Disks, args: Any, every_process_writes: bool, is_main: bool, on
                          f"To keep it, {fix}.")
     if is_main:
         logger.warning(
-            "%s%s. Training goes on, but a resume needs the checkpoint on every node: %s, or copy the checkpoint "
-            "folder to each node before resuming.", where[0].upper(), where[1:], fix,
+            "%s%s. Training goes on; a resume sends the checkpoint from process 0 to the processes whose disks lack "
+            "it, over the process group (trainwell.checkpoint.fetch), each time. To keep a copy on every node instead, "
+            "%s.", where[0].upper(), where[1:], fix,
         )  # fmt: skip
 
 

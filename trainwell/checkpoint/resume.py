@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trainwell.checkpoint import agreement, manifest
+from trainwell.checkpoint import agreement, fetch, manifest
 from trainwell.checkpoint.contents import CONTENTS
 from trainwell.checkpoint.io import CheckpointFiles, index_shards
 from trainwell.checkpoint.layout import (
@@ -57,6 +57,9 @@ class RunPlan:
     #: ``(global_step, epoch, saved_max_steps) -> (epoch, windows of it already trained)``: where in the data a
     #: checkpoint's step stands (``trainwell.loop.plan.StepPlan.position_at``)
     position_at: Callable[[int, float | None, int | None], tuple[int, int]]
+    #: ``(epoch, samples) -> (epoch, windows of it already trained)`` (None: not on a window of this run) for a
+    #: checkpoint that recorded the sample places of its epoch used (``StepPlan.position_of_samples``)
+    position_of_samples: Callable[[int, int], tuple[int, int] | None] | None = None
 
 
 @dataclass
@@ -82,6 +85,10 @@ class Resume:
         """:meth:`find` for a Trainer: its ``output_dir`` and checksum setting, agreed on by all its processes."""
         args, runtime = hooks.args, hooks.runtime
         gather = runtime.all_gather_object if runtime.distributed else None
+        if gather is not None:  # disks local to each node: those that lack process zero's checkpoint receive it
+            fetch.fetch_missing(resume_from_checkpoint not in (None, False),
+                                lambda: _fetch_target(resume_from_checkpoint, args.output_dir),
+                                lambda path: _fetched_to(resume_from_checkpoint, args.output_dir, path), gather)
         return cls.find(resume_from_checkpoint, args.output_dir, args.verify_checkpoint_checksums, gather)
 
     @classmethod
@@ -133,12 +140,16 @@ class Resume:
         """The checkpoint's ``trainer_state.json``, as parsed when it was found (validated then)."""
         return self.files.json(TRAINER_STATE_NAME)
 
-    def read_state(self, args: Any, plan: RunPlan) -> TrainerState:
+    def read_state(self, args: Any, plan: RunPlan, samples: Any = None) -> TrainerState:
         """The checkpoint's ``TrainerState`` (a fresh copy each call); sets ``epoch`` and ``windows_done``.
 
         The step count carries over as it is (a checkpoint past this run's ``max_steps`` is a ValueError naming
-        the fix). The data position is ``global_step`` windows of *this* run's global batch; when the checkpoint's
-        run took another one, a warning says the rest of the epoch will not see exactly the same samples.
+        the fix). The data position is where the checkpoint stood in its epoch, in samples (``samples``: its
+        ``{"epoch", "samples"}`` record), when that ends on a window of this run: exact whatever global batch
+        either run takes (8 processes -> 4 -> 2). Otherwise (an older checkpoint, data without a length, a
+        position inside one of this run's windows) it is ``global_step`` windows of *this* run's global batch;
+        when the checkpoint's run took another one, a warning says the rest of the epoch will not see exactly the
+        same samples.
         """
         data = self.saved_state
         unknown = unknown_fields(data)
@@ -156,10 +167,11 @@ class Resume:
             logger.warning("The best checkpoint %s recorded in the resumed state no longer exists.", best)
             state.best_model_checkpoint = None
         warn_changed_arguments(self.path, state, args, plan.max_steps, self.files.json_or_none(TRAINING_ARGS_NAME))
-        self.epoch, windows = plan.position_at(state.global_step, state.epoch, state.max_steps)
+        at = _sample_position(samples, plan)
+        self.epoch, windows = at or plan.position_at(state.global_step, state.epoch, state.max_steps)
         self.windows_done = 0 if args.ignore_data_skip else windows
         before = checkpoint_global_batch(self.files, state)
-        if before is not None and before != plan.global_batch and not args.ignore_data_skip:
+        if at is None and before is not None and before != plan.global_batch and not args.ignore_data_skip:
             logger.warning(
                 "%s was trained with %d samples per optimizer step; this run takes %d. Training continues at step "
                 "%d, with the data position computed from this run's batch, so the rest of the epoch will not see "
@@ -168,6 +180,31 @@ class Resume:
                 self.path, before, plan.global_batch, state.global_step, before,
             )  # fmt: skip
         return state
+
+
+def _fetch_target(resume_from_checkpoint: str | bool, output_dir: str) -> str | None:
+    """The checkpoint this process would resume, for the processes that lack it (its newest by the size checks: the
+    search that follows checks the checksums and says what it passes over)."""
+    if resume_from_checkpoint is True:
+        found = newest_resumable(output_dir, checksums=False, quiet=True)
+        return str(found.path) if found is not None else None
+    return str(resume_from_checkpoint) if os.path.isdir(resume_from_checkpoint) else None
+
+
+def _fetched_to(resume_from_checkpoint: str | bool, output_dir: str, path: str) -> str:
+    """Where this process keeps process zero's checkpoint ``path``: the same name in its own ``output_dir`` when the
+    newest is resumed, the same path when one is named."""
+    return os.path.join(output_dir, os.path.basename(path)) if resume_from_checkpoint is True else path
+
+
+def _sample_position(samples: Any, plan: RunPlan) -> tuple[int, int] | None:
+    """(epoch, windows) from a checkpoint's ``{"epoch", "samples"}`` record, when it is one and lands on a window."""
+    if plan.position_of_samples is None or not isinstance(samples, dict):
+        return None
+    epoch, used = samples.get("epoch"), samples.get("samples")
+    if not (type(epoch) is int and type(used) is int and epoch >= 0 and used >= 0):
+        return None  # not a record trainwell wrote: the step count says where the data stands
+    return plan.position_of_samples(epoch, used)
 
 
 def warn_changed_arguments(path: str, saved: TrainerState, args: Any, max_steps: int,
@@ -450,21 +487,22 @@ def get_last_checkpoint(folder: str | os.PathLike) -> str | None:
     return None
 
 
-def newest_resumable(folder: str | os.PathLike, checksums: bool = True) -> CheckpointFiles | None:
+def newest_resumable(folder: str | os.PathLike, checksums: bool = True, quiet: bool = False) -> CheckpointFiles | None:
     """The checkpoint ``resume_from_checkpoint=True`` resumes (its files, listed and parsed once): the newest
     complete one whose files match its manifest, else the newest usable one (partial: some training state
-    missing). Each checkpoint passed over is named in a warning with the reason."""
+    missing). Each checkpoint passed over is named in a warning with the reason (unless ``quiet``)."""
     fallback = None
+    warn = logger.debug if quiet else logger.warning
     for step, path in reversed(checkpoints(folder)):
         files = CheckpointFiles(path)
         reason = _resumable_problem(files, checksums, step)
         if reason is not None:
-            logger.warning("Skipping damaged checkpoint %s: %s", path, reason)
+            warn("Skipping damaged checkpoint %s: %s", path, reason)
             continue
         missing = _missing_training_state(files)
         if missing is None:
             return files
-        logger.warning("Skipping incomplete checkpoint %s: %s", path, missing)
+        warn("Skipping incomplete checkpoint %s: %s", path, missing)
         fallback = fallback or files
     return fallback
 

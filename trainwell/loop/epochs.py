@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainwell.checkpoint.checkpointer import Provider
 from trainwell.checkpoint.contents import Phase
+from trainwell.data import rebalance
 from trainwell.data.train_loader import ReadAhead, draw_loader_seed
 
 if TYPE_CHECKING:
@@ -51,10 +52,14 @@ class EpochIterator:
         self.seed_provider = Provider(lambda: feed.epoch_rng, self._set_seed)
         #: the RNG states the batch read ahead of the step was read from (``"pending_batch"``)
         self.pending_provider = Provider(self._pending_rng, self._set_pending)
+        self.epoch = 0  #: the epoch being walked
+        #: the sample places of the epoch used so far, all processes (``"epoch_samples"``: read by the resume itself)
+        self.samples_provider = Provider(self._samples_used, lambda state: None)
 
     def start(self, epoch: int, skip_windows: int) -> Iterator[list[Any]]:
         """The windows of ``epoch`` after its first ``skip_windows`` (a lazy iterator: nothing read ahead)."""
         resuming_here = self.resume is not None and epoch == self.resume.epoch
+        self.epoch = epoch
         self.consumed = self.plan.batches_before(skip_windows)
         restored = self.checkpointer.restore(Phase.DATA) if resuming_here else ()
         batches = self._batches(epoch, self.consumed, resuming_here, "data_position" in restored)
@@ -125,6 +130,14 @@ class EpochIterator:
     # ------------------------------------------------------------------------------- what the providers read and set
     def _set_seed(self, state: Any) -> None:
         self._seed = state
+
+    def _samples_used(self) -> dict[str, int] | None:
+        """``{"epoch", "samples"}`` for trainwell's index sampler over data with a length (None otherwise: a sampler
+        of this rank's own micro-batches, or a loader a subclass built, counts no global sample places)."""
+        sampler = self.feed.sampler
+        if sampler is None or not self.plan.sized or rebalance.yields_rank_batches(sampler):
+            return None
+        return {"epoch": self.epoch, "samples": self.consumed * self.feed.indices_per_batch}
 
     def _pending_rng(self) -> Any:
         return self.feed.reader.pending_rng if self.feed.reader is not None else None

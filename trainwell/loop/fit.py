@@ -62,7 +62,7 @@ class FitLoop:
         checkpointer.begin_run()  # output_dir's placement checked, an interrupted save's folders removed
         loader = hooks.get_train_dataloader()
         plan = StepPlan.of(hooks.set_initial_training_values(args, loader), args.gradient_accumulation_steps)
-        checkpointer.use_plan(plan.max_steps, plan.total_train_batch_size, plan.position_at)
+        checkpointer.use_plan(plan.max_steps, plan.total_train_batch_size, plan.position_at, plan.position_of_samples)
         self._init_state(plan)
         model = self._prepare(plan, loader)
         run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader))
@@ -182,6 +182,7 @@ class FitLoop:
         checkpointer, feed = self.checkpointer, run.feed
         checkpointer.register("epoch_seed", epochs.seed_provider)
         checkpointer.register("pending_batch", epochs.pending_provider)
+        checkpointer.register("epoch_samples", epochs.samples_provider)
         checkpointer.register("log_window", run.log_window)
         if feed.position is not None:  # a stateful IterableDataset's position
             checkpointer.register("data_position", feed.position)

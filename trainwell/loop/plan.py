@@ -105,6 +105,22 @@ class StepPlan:
         consumed = int(round(((epoch or 0) - passes) * max_steps * self.accumulation))
         return passes, -(-consumed // self.accumulation)
 
+    def position_of_samples(self, epoch: int, samples: int) -> tuple[int, int] | None:
+        """(epoch, windows of it already trained) of a checkpoint that had used ``samples`` sample places of
+        ``epoch`` over all its processes, in *this* run's windows; None when they do not end on one of its windows.
+
+        Exact whatever global batch the checkpoint's run took (8 processes -> 4 with the same per-device batch):
+        the sampler's order is one global order, so the first ``samples`` places of it are what was trained on.
+        """
+        if not self.sized or self.total_train_batch_size <= 0:
+            return None
+        micro = self.total_train_batch_size // self.accumulation  # sample places per micro-batch, all processes
+        if samples >= self.num_examples or samples >= self.steps_in_epoch * micro:
+            return epoch + 1, 0  # the epoch was used up
+        if samples % self.total_train_batch_size:
+            return None
+        return epoch, samples // self.total_train_batch_size
+
 
 def build_plan(
     args: Any, batches_per_epoch: int | None, num_examples: int | None, total_train_batch_size: int
