@@ -139,7 +139,7 @@ def test_a_run_is_followed_live_in_a_browser(tmp_path):
         assert page.train_loss_points(0) == 0
         waiting = WaitForThePage(page)
         args = TrainingArguments(output_dir=str(out), max_steps=12, logging_steps=3, save_steps=100,
-                                 report_to="none", disable_tqdm=True, use_cpu=True)
+                                 report_to="live", disable_tqdm=True, use_cpu=True)
         trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=64),
                           callbacks=[waiting])
         trainer.train()
