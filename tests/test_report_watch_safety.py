@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from tests.common.timing import hang_timeout
 from trainwell.loop.live_log import LIVE_LOG_NAME, MAX_LINE_BYTES
 from trainwell.report import load_run
 from trainwell.report.live import LiveLogReader, merge_state
@@ -45,7 +46,7 @@ def serve():
 
 def _fetch(server, path: str) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=10) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=hang_timeout(10)) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
@@ -59,7 +60,7 @@ def _data(server) -> dict:
 
 def _wait(server, condition) -> dict:
     """The data once ``condition(data)`` holds (the watcher looks every 0.05 s)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + hang_timeout(30)
     while time.monotonic() < deadline:
         data = _data(server)
         if condition(data):
@@ -177,7 +178,7 @@ def test_a_checkpoint_link_is_not_followed_by_the_page_nor_the_report(serve, tmp
 
 
 def _silent_connection(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=hang_timeout(30))
     sock.sendall(b"GET /data HTTP/1.1\r\n")  # a request begun, never finished
     return sock
 
@@ -195,7 +196,7 @@ def _closed_within(sock: socket.socket, seconds: float) -> bool:
 
 
 def _wait_for_threads(condition) -> None:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + hang_timeout(20)
     while not condition(threading.active_count()):
         assert time.monotonic() < deadline, threading.enumerate()
         time.sleep(0.02)
@@ -223,7 +224,7 @@ def test_idle_connections_time_out_and_are_bounded(tmp_path):
         assert threading.active_count() <= threads
         for sock in idle:
             sock.close()  # their slots come free
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + hang_timeout(20)
         while True:
             try:
                 if _fetch(server, f"/data?token={server.token}")[0] == 200:
@@ -291,7 +292,7 @@ def test_a_line_without_an_end_is_skipped_with_a_note_in_bounded_memory(tmp_path
     assert peak < 1 << 20  # nothing read again
     with open(log, "a") as f:
         f.write("xx\n" + json.dumps({"log": {"loss": 0.1, "step": 4}}) + "\n")
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + hang_timeout(20)
     while watched.run.state["global_step"] != 4:  # a rebuild may wait a moment (a long history's is throttled)
         assert time.monotonic() < deadline
         watched.refresh()
