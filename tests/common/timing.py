@@ -22,7 +22,8 @@ import os
 import statistics
 import time
 
-#: the probe's time on this project's quiet 2-core machine, Python 3.11 (a loaded one: 5-8 times that)
+#: the probe's time on an idle core of this project's 2-core machine, Python 3.11: derived from its time there at a
+#: load of 15 (0.12 s) over the load per core (7.5), not measured idle (the machine was never idle when written)
 QUIET_PROBE_SECONDS = 0.016
 MAX_SLOWDOWN = 30.0
 

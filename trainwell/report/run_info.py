@@ -114,8 +114,8 @@ def session_hyperparameters(run_dir: str | Path, spans: list[tuple[int, int]]) -
     session else the run folder's file); None for a session none of whose checkpoints is left."""
     run = Path(run_dir)
     try:
-        steps = sorted(int(m.group(1)) for c in run.iterdir() if (m := _CHECKPOINT.match(c.name))) \
-            if run.is_dir() else []
+        steps = sorted(int(m.group(1)) for c in run.iterdir() if (m := _CHECKPOINT.match(c.name))
+                       and not c.is_symlink()) if run.is_dir() else []  # a linked checkpoint-N may be another run's
     except OSError:
         steps = []
     found: list[dict[str, str] | None] = []
