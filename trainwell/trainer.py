@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from trainwell import checks, search, techniques, wiring
+from trainwell.args.storage import local_output_dir
 from trainwell.backend import failures, stall
 from trainwell.backend.runtime import to_device
 from trainwell.checkpoint import contents, loading, preemption
@@ -104,7 +105,8 @@ class Trainer:
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         checks.check_trainer_arguments(self)
         self.callback_handler = wiring.callback_handler(self, callbacks, DEFAULT_PROGRESS_CALLBACK)
-        output_lock.prepare(args.output_dir, args.should_save, self.is_world_process_zero(), output_lock.writes(args))
+        output_lock.prepare(local_output_dir(args), args.should_save, self.is_world_process_zero(),
+                            output_lock.writes(args))
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
         wiring.set_run_attributes(self)
@@ -307,7 +309,7 @@ class Trainer:
 
     def save_metrics(self, split: str, metrics: dict[str, Any], combined: bool = True) -> None:
         if self.is_world_process_zero():
-            metric_utils.save_metrics(self.args.output_dir, split, metrics, combined)
+            metric_utils.save_metrics(local_output_dir(self.args), split, metrics, combined)
 
     @staticmethod
     def metrics_format(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -422,7 +424,7 @@ class Trainer:
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         if self.args.should_save:
-            contents.save_model_files(self, output_dir or self.args.output_dir, state_dict)
+            contents.save_model_files(self, output_dir or local_output_dir(self.args), state_dict)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         contents.save_optimizer_and_scheduler(self, output_dir)
@@ -437,8 +439,8 @@ class Trainer:
         """Write ``self.state`` as it is to ``output_dir/trainer_state.json`` (first process only). The callback
         states are those recorded when training began or at the last checkpoint, as with the reference."""
         if self.is_world_process_zero():
-            os.makedirs(self.args.output_dir, exist_ok=True)
-            self.state.save_to_json(os.path.join(self.args.output_dir, TRAINER_STATE_NAME))
+            os.makedirs(local_output_dir(self.args), exist_ok=True)
+            self.state.save_to_json(os.path.join(local_output_dir(self.args), TRAINER_STATE_NAME))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         loading.load_model(model if model is not None else self.model, self.checkpointer.files(resume_from_checkpoint))
@@ -528,7 +530,7 @@ class Trainer:
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         hub.push_from_checkpoint(self, self._hub, checkpoint_folder,
-                                 lambda: contents.save_model_files(self, self.args.output_dir, weights=False))
+                                 lambda: contents.save_model_files(self, local_output_dir(self.args), weights=False))
 
     def _finish_current_push(self) -> None:
         hub.finish_current_push(self)

@@ -23,7 +23,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainwell.args import aliases, normalize, support, validate
+from trainwell.args import aliases, normalize, storage, support, validate
 from trainwell.args.accelerator_config import AcceleratorConfig
 from trainwell.args.fields import check_known_keys
 from trainwell.outputs import (
@@ -51,7 +51,7 @@ LOG_LEVELS: dict[str, int] = {"detail": logging.DEBUG, "debug": logging.DEBUG, "
 
 #: trainwell's own fields (after the reference's); ``to_dict`` writes them only when set
 TRAINWELL_ONLY = frozenset({"save_async", "verify_checkpoint_checksums", "log_throughput", "skip_nonfinite_steps",
-                            "rollback_on_spike", "step_timeout"})
+                            "rollback_on_spike", "step_timeout", "output_staging_dir", "storage_options"})
 
 
 def _arg(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None, **meta: Any) -> Any:
@@ -317,6 +317,13 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
         None, "trainwell: seconds without progress (a micro-batch, an evaluation batch, a save) after which every "
         "process prints its Python stack and the run stops, naming the stuck process; 'auto' derives it from the "
         "median step time (docs/resilience.md).")
+    output_staging_dir: str | None = _arg(
+        None, "trainwell: with an object-store output_dir (s3://, gs://, az://, file://), the local folder each "
+        "checkpoint is written into before it is uploaded, and where logs and the live log stay (default: "
+        "trainwell_staging/{scheme}/{bucket}/{path} in the working directory; docs/checkpoints.md).")
+    storage_options: dict | str | None = _arg(
+        None, "trainwell: options for the object store of a URL output_dir, passed to fsspec (credentials, "
+        "endpoint_url, ...), as a dict or a JSON object string; never written or printed.")
 
     def __post_init__(self) -> None:
         normalize.normalize_args(self, AcceleratorConfig)
@@ -467,6 +474,8 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
             if f.init and not (f.name in TRAINWELL_ONLY and getattr(self, f.name) == f.default)
         }
         out.update({name: f"<{name.upper()}>" for name in out if name.endswith("_token")})
+        if out.get("storage_options"):  # credentials: the keys are shown, never the values
+            out["storage_options"] = {key: storage.HIDDEN for key in out["storage_options"]}
         return out
 
     def to_json_string(self) -> str:

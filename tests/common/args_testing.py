@@ -9,7 +9,8 @@ from trainwell.training_args import TrainingArguments
 # after the reference's, trainwell's own
 TRAINWELL_FIELDS: list[tuple[str, object]] = [("save_async", False), ("verify_checkpoint_checksums", True),
                                                ("log_throughput", False), ("skip_nonfinite_steps", None),
-                                               ("rollback_on_spike", None), ("step_timeout", None)]
+                                               ("rollback_on_spike", None), ("step_timeout", None),
+                                               ("output_staging_dir", None), ("storage_options", None)]
 
 EXPECTED_FIELDS: list[tuple[str, object]] = [
     ('output_dir', None),

@@ -21,6 +21,7 @@ from typing import Any
 
 from trainwell.args.fields import check_known_keys, coerce_bools, numeric_fields
 from trainwell.args.fsdp import normalize_fsdp
+from trainwell.args.storage import normalize_storage
 from trainwell.args.trackers import SWITCHES, TRACKERS, kubeflow_enabled
 from trainwell.outputs import HubStrategy, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, enum_value
 from trainwell.utils.errors import choice_error, did_you_mean
@@ -409,6 +410,7 @@ def normalize_args(args: Any, accelerator_config_cls: type) -> None:
             f"output_dir={args.output_dir!r}: pass a directory path (a str or os.PathLike), or None to use "
             "'trainer_output'."
         ) from None
+    normalize_storage(args)
     _unmask_tokens(args)
     coerce_numbers(args)
     coerce_bools(args)

@@ -35,6 +35,7 @@ from typing import Any
 
 from trainwell.args.fields import coerce_bools, numeric_fields
 from trainwell.args.resilience import check_resilience
+from trainwell.args.storage import check_storage_args, is_url
 from trainwell.outputs import IntervalStrategy, SaveStrategy, SchedulerType
 from trainwell.utils.errors import choice_error
 
@@ -182,6 +183,9 @@ def _check_kinds(args: Any) -> None:
 def _check_output_dir(args: Any) -> None:
     """What can be known without creating anything; the Trainer creates the directory."""
     path = args.output_dir
+    check_storage_args(args)
+    if is_url(path):  # an object store: its bucket is checked when the Trainer first reaches it
+        return
     if not isinstance(path, str):  # bytes: os.fspath accepts them; leave them to the filesystem
         return
     if path == "":

@@ -49,6 +49,7 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
+from trainwell.args.storage import local_output_dir
 from trainwell.backend.failures import _OPERATIONS, NewestCheckpoint, _names_from_frame, _resume_hint, _store, describe
 
 logger = logging.getLogger(__name__)
@@ -260,7 +261,7 @@ def _record_within(trainer: Any, quiet: float, stuck: list[int], reports: dict[i
     first = reports.get(stuck[0], {}) if stuck else {}
     line = {"step": trainer.state.global_step, "processes": stuck, "frame": first.get("frame"),
             "doing": first.get("doing"), "seconds": round(quiet, 1), "time": time.time()}
-    path = os.path.join(trainer.args.output_dir, RECORD_FILE)
+    path = os.path.join(local_output_dir(trainer.args), RECORD_FILE)
     writer = threading.Thread(target=_append_record, args=(path, (json.dumps(line) + "\n").encode()),
                               name="trainwell-step-timeout-record", daemon=True)
     writer.start()

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainwell.checkpoint import contents, disks, manifest
+from trainwell.args.storage import local_output_dir
+from trainwell.checkpoint import contents, disks, manifest, store
 from trainwell.checkpoint.background import BackgroundWriter, HostStaging
 from trainwell.checkpoint.contents import Phase
 from trainwell.checkpoint.finite import check_finite_weights
@@ -111,18 +112,25 @@ class Checkpointer:
         """Before the first step: with several processes, refuse a placement of ``output_dir`` that cannot work
         (``trainwell.checkpoint.disks``: a collective); remove the temporary folders of an interrupted save."""
         args, runtime = self.hooks.args, self.hooks.runtime
-        if runtime.distributed:
+        remote = store.of(args)  # an object store is shared by every process: no placement to probe
+        if runtime.distributed and remote is None:
             placement = disks.probe(args.output_dir, args.should_save, runtime.all_gather_object)
             disks.check(placement, args, runtime.engine.every_process_writes, runtime.is_main_process,
                         one_folder=runtime.engine.one_folder)
         if args.should_save:
-            clean_temporary(args.output_dir)
+            clean_temporary(local_output_dir(args))
+            if remote is not None:  # a missing bucket or refused credentials are said before the first step
+                remote.check()
+                remote.clean()
 
     def end_run(self, run_dir: str) -> None:
         """When training is done: ``save_total_limit=1`` keeps only the best checkpoint of ``run_dir`` (the newest
         was kept beside it while a resume could need it), as the reference does."""
         args, best = self.hooks.args, self.hooks.state.best_model_checkpoint
         if args.should_save and args.save_total_limit == 1 and best is not None:
+            remote = store.of(args, run_dir)
+            if remote is not None:
+                store.keep_only(remote, os.path.basename(best))
             keep_only_best(run_dir, best)
 
     # ------------------------------------------------------------------------------------------- what the loop hands
@@ -207,6 +215,7 @@ class Checkpointer:
             # one left by the earlier run would otherwise count as "the newest" and this one be deleted. The one
             # resumed from is not: it rotates out as any other, as on the reference.
             protected = (state.best_model_checkpoint, final)
+            remote = store.of(args, run_dir)
 
             def finish() -> None:
                 try:
@@ -216,6 +225,9 @@ class Checkpointer:
                 finally:
                     recorder.stop()
                 atomic.publish()
+                if remote is not None:  # staged, then uploaded (manifest last); a failure keeps every staged copy
+                    remote.upload(final, final.name)
+                    store.rotate(remote, run_dir, args.save_total_limit, protected)
                 rotate_checkpoints(run_dir, args.save_total_limit, protected=protected)
 
             if background is not None:
@@ -328,6 +340,10 @@ class Checkpointer:
         other listed now (``load_best_model_at_end``'s best checkpoint)."""
         if self.resume is not None and os.fspath(checkpoint) == self.resume.path:
             return self.resume.files
+        remote = store.of(self.hooks.args, os.path.dirname(os.fspath(checkpoint)))
+        if remote is not None and not os.path.isdir(checkpoint):  # the best one, resumed on another machine
+            remote.fetch(os.path.basename(checkpoint), Path(checkpoint), store.wanted_by(
+                self.hooks.runtime.process_index))
         return CheckpointFiles(checkpoint)
 
 

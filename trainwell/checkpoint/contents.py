@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from trainwell.args.storage import is_url, local_output_dir, staging_dir_for
 from trainwell.backend import deepspeed as ds
 from trainwell.backend import sharded
-from trainwell.checkpoint import adapters
+from trainwell.checkpoint import adapters, store
 from trainwell.checkpoint.io import save_model_weights, torch_save, write_json
 from trainwell.checkpoint.layout import (
     OPTIMIZER_NAME,
@@ -310,10 +311,19 @@ def save_model(owner: Owner, output_dir: str | None, internal_call: bool) -> Non
     gathering: the model is written with the optimizer (``_save_optimizer_and_scheduler``); only the arguments and
     processing class come here.
     """
+    url = output_dir or owner.args.output_dir
+    if not internal_call and (output_dir is None or is_url(output_dir)) and is_url(url):
+        # an object store: written into the staging folder (the run's, or the URL's own), then its files uploaded
+        own = url.rstrip("/") == str(owner.args.output_dir).rstrip("/")
+        folder = local_output_dir(owner.args) if own else staging_dir_for(url)
+        save_model(owner, folder, internal_call)
+        if owner.args.should_save:
+            store.open_url(url, owner.args.storage_options).upload_files(Path(folder))
+        return
     engine, model = owner.runtime.engine, owner.model_wrapped
     if internal_call and engine.checkpoint_keeps_model(model, owner.args.save_only_model):
         if owner.args.should_save:
-            save_model_files(owner, output_dir or owner.args.output_dir, weights=False)
+            save_model_files(owner, output_dir or local_output_dir(owner.args), weights=False)
         return
     state_dict = engine.full_state_dict(model)
     if state_dict is None:

@@ -21,11 +21,13 @@ import json
 import logging
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainwell.checkpoint import agreement, fetch, manifest
+from trainwell.args.storage import is_url, local_output_dir
+from trainwell.checkpoint import agreement, fetch, manifest, store
 from trainwell.checkpoint.contents import CONTENTS
 from trainwell.checkpoint.io import CheckpointFiles, index_shards
 from trainwell.checkpoint.layout import (
@@ -75,6 +77,8 @@ class Resume:
     files: CheckpointFiles = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     epoch: int = 0
     windows_done: int = 0
+    #: the object store the checkpoint came from (``trainwell.checkpoint.store``), None for a local ``output_dir``
+    remote: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.files is None:
@@ -82,18 +86,36 @@ class Resume:
 
     @classmethod
     def of(cls, hooks: Owner, resume_from_checkpoint: str | bool | None) -> Resume | None:
-        """:meth:`find` for a Trainer: its ``output_dir`` and checksum setting, agreed on by all its processes."""
+        """:meth:`find` for a Trainer: its ``output_dir`` and checksum setting, agreed on by all its processes.
+
+        With an object-store ``output_dir`` (``trainwell.checkpoint.store``), ``True`` looks at the checkpoints of
+        the store (complete: their manifests are there), newest first, each fetched into the staging folder just
+        before it is checked; a checkpoint URL is fetched, then resumed from its staged copy."""
         args, runtime = hooks.args, hooks.runtime
         gather = runtime.all_gather_object if runtime.distributed else None
-        if gather is not None:  # disks local to each node: those that lack process zero's checkpoint receive it
+        remote, run_dir = store.of(args), local_output_dir(args)
+        candidates = None
+        if is_url(resume_from_checkpoint):
+            resume_from_checkpoint = store.fetch_url(resume_from_checkpoint, args, runtime.process_index)
+        elif remote is not None and resume_from_checkpoint is True:
+            remote.check()
+            if not remote.complete():  # the same answer on every process: all raise it
+                raise ValueError(f"resume_from_checkpoint=True but {remote.url} holds no complete checkpoint (a "
+                                 "checkpoint-N folder with its manifest). Pass a checkpoint, or train from scratch.")
+            candidates = lambda: store.candidates(remote, run_dir, runtime.process_index)  # noqa: E731
+        if gather is not None and remote is None:  # disks local to each node: those lacking process zero's receive it
             fetch.fetch_missing(resume_from_checkpoint not in (None, False),
                                 lambda: _fetch_target(resume_from_checkpoint, args.output_dir),
                                 lambda path: _fetched_to(resume_from_checkpoint, args.output_dir, path), gather)
-        return cls.find(resume_from_checkpoint, args.output_dir, args.verify_checkpoint_checksums, gather)
+        resume = cls.find(resume_from_checkpoint, run_dir, args.verify_checkpoint_checksums, gather, candidates)
+        if resume is not None:
+            resume.remote = remote
+        return resume
 
     @classmethod
     def find(cls, resume_from_checkpoint: str | bool | None, output_dir: str, checksums: bool = True,
-             gather: Callable[[Any], list[Any]] | None = None) -> Resume | None:
+             gather: Callable[[Any], list[Any]] | None = None,
+             candidates: Callable[[], Iterable[tuple[int, Path]]] | None = None) -> Resume | None:
         """The resume of ``train(resume_from_checkpoint=...)``: None to train from scratch.
 
         ``gather`` (a multi-process run's all-gather) makes it a collective: every process looks on its own disk,
@@ -105,18 +127,21 @@ class Resume:
         states) resumes with a warning saying what will not be exact; a named checkpoint without usable weights
         or state, or whose files differ from its manifest (or that lost the manifest trainwell wrote), raises
         ValueError naming the problem. ``checksums`` False compares only the sizes of the files with the manifest
-        (no file is read), and resumes a checkpoint without its manifest with a warning.
+        (no file is read), and resumes a checkpoint without its manifest with a warning. ``candidates``: where
+        ``True`` looks, ``(step, folder)`` newest first (default: ``output_dir``'s checkpoints).
         """
         asked = resume_from_checkpoint is not None and resume_from_checkpoint is not False
         if gather is not None:  # even when this process does not resume: another may, and must not wait alone
-            found, common = agreement.agree(asked, lambda: cls.find(resume_from_checkpoint, output_dir, checksums),
+            found, common = agreement.agree(asked, lambda: cls.find(resume_from_checkpoint, output_dir, checksums, None,
+                                                                      candidates),
                                             lambda path: _resumable_problem(CheckpointFiles(path), checksums,
                                                                             checkpoint_step(path)), gather)
             return cls(common) if common is not None else found
         if not asked:
             return None
         if resume_from_checkpoint is True:
-            found = newest_resumable(output_dir, checksums)
+            found = newest_resumable(output_dir, checksums,
+                                     found=candidates() if candidates is not None else None)
             if found is None:
                 raise ValueError(
                     f"resume_from_checkpoint=True but no complete checkpoint was found in output_dir ({output_dir}). "
@@ -163,7 +188,12 @@ class Resume:
                 "earlier, resume from an earlier checkpoint."
             )
         best = state.best_model_checkpoint
-        if best is not None and not os.path.isdir(best):
+        if best is not None and self.remote is not None:  # the store's: staged here, or fetched when loaded
+            mapped = os.path.join(os.path.dirname(self.path), os.path.basename(best))
+            if os.path.isdir(mapped) or self.remote.has(os.path.basename(best)):
+                state.best_model_checkpoint = best = mapped
+        if best is not None and not os.path.isdir(best) and not (self.remote is not None
+                                                                 and self.remote.has(os.path.basename(best))):
             logger.warning("The best checkpoint %s recorded in the resumed state no longer exists.", best)
             state.best_model_checkpoint = None
         warn_changed_arguments(self.path, state, args, plan.max_steps, self.files.json_or_none(TRAINING_ARGS_NAME))
@@ -240,7 +270,9 @@ def checkpoint_global_batch(files: CheckpointFiles, state: TrainerState) -> int 
     """Samples per optimizer step of the run that wrote the checkpoint (None when unknown): the per-device batch
     from its state, the accumulation from its arguments, the processes from its RNG files."""
     saved_args = files.json_or_none(TRAINING_ARGS_NAME)
-    ranks = [name for name in files.sizes if name.startswith("rng_state_") and name.endswith(".pth")]
+    listed = _manifest_records(files)  # a checkpoint fetched from a store holds this process's RNG file only
+    names = listed if isinstance(listed, dict) else files.sizes
+    ranks = [name for name in names if name.startswith("rng_state_") and name.endswith(".pth")]
     world = len(ranks) or int(files.has("rng_state.pth"))
     ga = saved_args.get("gradient_accumulation_steps") if isinstance(saved_args, dict) else None
     if not (state.train_batch_size and isinstance(ga, int) and world):
@@ -477,7 +509,15 @@ def _safetensors_problem(files: CheckpointFiles, name: str) -> str | None:
 
 
 def get_last_checkpoint(folder: str | os.PathLike) -> str | None:
-    """The newest *complete* checkpoint in ``folder``; incomplete ones are skipped with a warning naming them."""
+    """The newest *complete* checkpoint in ``folder``; incomplete ones are skipped with a warning naming them.
+
+    ``folder`` may be an object-store URL (credentials from the environment): the URL of its newest checkpoint
+    whose manifest is there, for ``train(resume_from_checkpoint=...)``, which fetches and validates it."""
+    if is_url(folder):
+        remote = store.open_url(str(folder))
+        remote.check()
+        done = remote.complete()
+        return remote.where(done[-1][1]) if done else None
     for step, path in reversed(checkpoints(folder)):
         files = CheckpointFiles(path)
         reason = _unusable(files, step) or _missing_training_state(files)
@@ -487,13 +527,15 @@ def get_last_checkpoint(folder: str | os.PathLike) -> str | None:
     return None
 
 
-def newest_resumable(folder: str | os.PathLike, checksums: bool = True, quiet: bool = False) -> CheckpointFiles | None:
+def newest_resumable(folder: str | os.PathLike, checksums: bool = True, quiet: bool = False,
+                     found: Iterable[tuple[int, Path]] | None = None) -> CheckpointFiles | None:
     """The checkpoint ``resume_from_checkpoint=True`` resumes (its files, listed and parsed once): the newest
     complete one whose files match its manifest, else the newest usable one (partial: some training state
-    missing). Each checkpoint passed over is named in a warning with the reason (unless ``quiet``)."""
+    missing). Each checkpoint passed over is named in a warning with the reason (unless ``quiet``). ``found``: the
+    ``(step, folder)`` to look at, newest first (default: ``folder``'s checkpoints)."""
     fallback = None
     warn = logger.debug if quiet else logger.warning
-    for step, path in reversed(checkpoints(folder)):
+    for step, path in (reversed(checkpoints(folder)) if found is None else found):
         files = CheckpointFiles(path)
         reason = _resumable_problem(files, checksums, step)
         if reason is not None:

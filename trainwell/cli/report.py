@@ -10,6 +10,7 @@ The work is done by ``trainwell.report``; this module only parses and prints.
 from __future__ import annotations
 
 import argparse
+import os
 
 _AXES = ("step", "epoch", "tokens", "time")  # trainwell.report.AXES, without importing it for --help
 
@@ -54,6 +55,7 @@ def run(ns: argparse.Namespace) -> int:
 
     from trainwell.cli import CliError
 
+    ns.runs = [_local_run(path) for path in ns.runs]
     if ns.watch:
         return _watch(ns)
     if ns.port or ns.token is not None:
@@ -84,6 +86,22 @@ def run(ns: argparse.Namespace) -> int:
     for image in report.images:
         print(f"  plot: {image}")
     return 0
+
+
+def _local_run(path: str) -> str:
+    """A run's folder; for an object-store ``output_dir`` URL, its staging folder here (where the run's logs, live
+    log and ``trainer_state.json`` are: the store holds its checkpoints only)."""
+    from trainwell.args.storage import is_url, staging_dir_for
+    from trainwell.cli import CliError
+
+    if not is_url(path):
+        return path
+    staging = staging_dir_for(path)
+    if os.path.isdir(staging):
+        return staging
+    raise CliError(f"{path} is an object store: trainwell report reads a run's local folder. A run whose output_dir "
+                   "is a URL keeps its logs, live log and trainer_state.json in its staging folder (output_staging_dir;"
+                   f" by default {staging} under the folder it ran in): pass that folder.")
 
 
 def _watch(ns: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from trainwell.args.storage import local_output_dir
 from trainwell.events.callback import TrainerCallback
 from trainwell.state import TrainerControl, TrainerState
 
@@ -56,7 +57,7 @@ def resolve_logging_dir(args: Any, env_var: str | None = None) -> str:
     chosen = (os.environ.get(env_var) if env_var else None) or getattr(args, "logging_dir", None)
     if not chosen:
         folder = (args.run_name or default_run_folder()).replace(os.sep, "_")
-        chosen = os.path.join(args.output_dir or "trainer_output", "runs", folder)
+        chosen = os.path.join(local_output_dir(args) or "trainer_output", "runs", folder)
     return os.path.expanduser(chosen)
 
 
@@ -153,7 +154,7 @@ class TrackerCallback(TrainerCallback):
 
     def on_save(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if state.is_world_process_zero and self._started:
-            path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            path = os.path.join(local_output_dir(args), f"checkpoint-{state.global_step}")
             self._guard("recording a checkpoint", self.checkpoint_saved, path, args, state)
 
     def on_train_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from trainwell.args.storage import local_output_dir
 from trainwell.integrations.base import TrackerCallback
 
 
@@ -39,7 +40,7 @@ class CodeCarbonCallback(TrackerCallback):
 
     def start(self, args: Any, state: Any, model: Any) -> None:
         if self.tracker is None:
-            kwargs = {"output_dir": args.output_dir, **self._tracker_kwargs}
+            kwargs = {"output_dir": local_output_dir(args), **self._tracker_kwargs}
             os.makedirs(kwargs["output_dir"], exist_ok=True)  # CodeCarbon writes there but does not create it
             if self._country:
                 self.tracker = self._codecarbon.OfflineEmissionsTracker(country_iso_code=self._country, **kwargs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from trainwell.args.storage import local_output_dir
 from trainwell.integrations.base import (
     TrackerCallback,
     model_config_dict,
@@ -96,7 +97,7 @@ class CometCallback(TrackerCallback):
             return
         if self._log_assets:
             self.experiment.log_asset_folder(
-                args.output_dir, recursive=True, log_file_name=True, step=state.global_step
+                local_output_dir(args), recursive=True, log_file_name=True, step=state.global_step
             )
         if state.is_hyper_param_search:
             self.experiment.end()

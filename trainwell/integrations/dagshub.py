@@ -13,6 +13,7 @@ import os
 from typing import Any
 from urllib.parse import urlparse
 
+from trainwell.args.storage import local_output_dir
 from trainwell.integrations.mlflow import MLflowCallback
 from trainwell.utils.packages import env_flag
 
@@ -54,5 +55,5 @@ class DagsHubCallback(MLflowCallback):
 
     def finish(self, args: Any, state: Any) -> None:
         if self._log_artifacts:
-            self.repo.directory("artifacts").add_dir(args.output_dir)
+            self.repo.directory("artifacts").add_dir(local_output_dir(args))
         super().finish(args, state)

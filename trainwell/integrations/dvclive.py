@@ -15,6 +15,7 @@ import logging
 import os
 from typing import Any, Literal
 
+from trainwell.args.storage import local_output_dir
 from trainwell.integrations.base import TrackerCallback
 from trainwell.utils.packages import env_flag
 
@@ -65,7 +66,7 @@ class DVCLiveCallback(TrackerCallback):
 
     def checkpoint_saved(self, checkpoint_dir: str, args: Any, state: Any) -> None:
         if self._log_model == "all":
-            self.live.log_artifact(args.output_dir)
+            self.live.log_artifact(local_output_dir(args))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero and self._started and self._log_model is True:
@@ -78,7 +79,7 @@ class DVCLiveCallback(TrackerCallback):
         from trainwell.checkpoint.io import save_model_weights
 
         name = "best" if args.load_best_model_at_end else "last"
-        folder = os.path.join(args.output_dir, name)
+        folder = os.path.join(local_output_dir(args), name)
         save_model_weights(model, folder)
         if callable(getattr(processing_class, "save_pretrained", None)):
             processing_class.save_pretrained(folder)

@@ -28,6 +28,7 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+from trainwell.args.storage import local_output_dir
 from trainwell.backend.stall import RECORD_FILE as STEP_TIMEOUT_RECORD
 from trainwell.checkpoint.adapters import saved_adapters
 from trainwell.checkpoint.layout import TMP_PREFIX
@@ -116,7 +117,7 @@ class HubPusher:
         if self._executor is None:
             self._executor = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainwell-hub")
         future = self._executor.submit(job)
-        future.add_done_callback(lambda done: _log_failure(done, what, self.args.output_dir))
+        future.add_done_callback(lambda done: _log_failure(done, what, local_output_dir(self.args)))
         return future
 
     def upload(self, folder: str, message: str | None, token: str | None = None, revision: str | None = None,
@@ -133,7 +134,7 @@ class HubPusher:
         ``output_dir/_hub_staging``: a later save replacing a file, or ``save_total_limit`` deleting the
         checkpoint, cannot tear the upload. ``skip_ignored`` leaves out the top-level entries
         ``IGNORE_PATTERNS`` names (the staging folder among them)."""
-        stage = Path(self.args.output_dir) / _STAGING / f"{next(self._stages)}-{Path(folder).name}"
+        stage = Path(local_output_dir(self.args)) / _STAGING / f"{next(self._stages)}-{Path(folder).name}"
         shutil.rmtree(stage, ignore_errors=True)  # left by a killed run
         for root, dirs, files in os.walk(folder):
             rel = Path(root).relative_to(folder)
@@ -177,12 +178,12 @@ class HubPusher:
         def push_model() -> Any:
             frozen = staged.result()
             try:
-                copy_model_files(str(frozen), self.args.output_dir)
+                copy_model_files(str(frozen), local_output_dir(self.args))
                 save_extras()
             finally:
                 if not with_folder:
                     _remove_stage(frozen)
-            return self.upload_stage(self.stage(self.args.output_dir, skip_ignored=True), message,
+            return self.upload_stage(self.stage(local_output_dir(self.args), skip_ignored=True), message,
                                      ignore=_IGNORED)
 
         when_published(snapshot)
@@ -273,9 +274,9 @@ def push_to_hub(trainer: Any, pusher: HubPusher | None, message: str | None, blo
     pusher = pusher if pusher is not None else HubPusher(args, trainer.hub_model_id)
     upload = dict(token=token, revision=revision, ignore=_IGNORED)
     if blocking:
-        return pusher.upload(args.output_dir, message, **upload)
-    stage = pusher.stage(args.output_dir, skip_ignored=True)
-    return pusher.submit(lambda: pusher.upload_stage(stage, message, **upload), args.output_dir)
+        return pusher.upload(local_output_dir(args), message, **upload)
+    stage = pusher.stage(local_output_dir(args), skip_ignored=True)
+    return pusher.submit(lambda: pusher.upload_stage(stage, message, **upload), local_output_dir(args))
 
 
 def push_from_checkpoint(trainer: Any, pusher: HubPusher | None, checkpoint: str,

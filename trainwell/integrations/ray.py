@@ -28,6 +28,7 @@ import shutil
 import tempfile
 from typing import Any
 
+from trainwell.args.storage import local_output_dir
 from trainwell.checkpoint.layout import TMP_PREFIX, TRAINER_STATE_NAME, checkpoint_path
 from trainwell.events.callback import TrainerCallback
 from trainwell.outputs import PREFIX_CHECKPOINT_DIR
@@ -100,10 +101,10 @@ class RayTrainReportCallback(TrainerCallback):
         if not state.is_world_process_zero:
             train.report(metrics, checkpoint=None)
             return
-        source = checkpoint_path(args.output_dir, state.global_step)
+        source = checkpoint_path(local_output_dir(args), state.global_step)
         # Staged beside the checkpoint (same file system: links, not copies) and removed once Ray has copied it;
         # the name is one of a save's temporary folders, which the next train() clears if this process dies here.
-        stage = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{PREFIX_CHECKPOINT_DIR}-ray-", dir=args.output_dir)
+        stage = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{PREFIX_CHECKPOINT_DIR}-ray-", dir=local_output_dir(args))
         try:
             shutil.copytree(source, os.path.join(stage, CHECKPOINT_NAME), copy_function=_link_or_copy)
             train.report(metrics, checkpoint=train.Checkpoint.from_directory(stage))

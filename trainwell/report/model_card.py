@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from trainwell.args.storage import local_output_dir
 from trainwell.utils.safe_files import write_text_file
 
 MODEL_CARD_NAME = "README.md"
@@ -314,4 +315,4 @@ def create_model_card(trainer: Any, **kwargs: Any) -> None:
     replaced by the card, and what it pointed to is never written."""
     if not trainer.is_world_process_zero():
         return
-    write_text_file(os.path.join(trainer.args.output_dir, MODEL_CARD_NAME), model_card(trainer, **kwargs))
+    write_text_file(os.path.join(local_output_dir(trainer.args), MODEL_CARD_NAME), model_card(trainer, **kwargs))

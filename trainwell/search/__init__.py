@@ -17,6 +17,7 @@ import logging
 import os
 from typing import Any
 
+from trainwell.args.storage import local_output_dir
 from trainwell.outputs import BestRun, ExplicitEnum, enum_value
 from trainwell.utils.packages import installed as _installed
 from trainwell.utils.packages import is_optuna_available, is_ray_available, is_ray_tune_available  # noqa: F401
@@ -196,7 +197,8 @@ def report(trainer: Any, trial: Any, step: int, metrics: dict[str, float]) -> No
 def output_dir(trainer: Any, trial: Any) -> str:
     """``Trainer._get_output_dir``: ``output_dir``, or a search trial's folder under it (:func:`run_name`)."""
     name = run_name(trainer, trial)
-    return trainer.args.output_dir if name is None else os.path.join(trainer.args.output_dir, name)
+    local = local_output_dir(trainer.args)
+    return local if name is None else os.path.join(local, name)
 
 
 def run_name(trainer: Any, trial: Any) -> str | None:

@@ -16,6 +16,7 @@ import logging
 import os
 from typing import Any
 
+from trainwell.args.storage import local_output_dir
 from trainwell.checkpoint.resume import get_last_checkpoint
 from trainwell.outputs import BestRun
 
@@ -44,7 +45,7 @@ def run(trainer: Any, n_trials: int, direction: str | list[str], **kwargs: Any) 
         trial.set_user_attr(FOLDER, name)
         checkpoint = None
         if trial.user_attrs.get(RESUMES):
-            checkpoint = get_last_checkpoint(os.path.join(trainer.args.output_dir, name))
+            checkpoint = get_last_checkpoint(os.path.join(local_output_dir(trainer.args), name))
             logger.info("Trial %d continues the interrupted trial in %s from %s.", trial.number, name, checkpoint)
         trainer.train(resume_from_checkpoint=checkpoint, trial=trial)
         if trainer.objective is None:  # training never evaluated

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainwell.args.storage import local_output_dir
 from trainwell.utils.batch_size import eval_out_of_memory, is_out_of_memory  # noqa: F401  (used here; re-exported)
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def _retry_point(trainer: Any, error: BaseException, resume: Resume | None) -> R
     start = trainer.training_run.initial_global_step if trainer.training_run is not None else 0
     if trainer.state.global_step <= start:
         return resume  # no optimizer step changed the weights: the same start again
-    newest = get_last_checkpoint(trainer.args.output_dir)
+    newest = get_last_checkpoint(local_output_dir(trainer.args))
     if newest is not None and int(newest.rsplit("-", 1)[-1]) > start:
         return Resume.of(trainer, newest)
     raise RuntimeError(
