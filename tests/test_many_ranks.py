@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.common.launch import ScriptRuns
+from tests.common.timing import hang_timeout
 from trainwell.loop.plan import StepPlan
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "distributed", "ranks_script.py")
@@ -73,7 +74,7 @@ def test_a_resume_with_a_smaller_global_batch_continues_at_the_next_sample(tmp_p
     def run(tag: str, workdir: Path, *flags: str) -> str:
         proc = subprocess.run([sys.executable, SCRIPT, "--workdir", str(workdir), "--record", str(record), "--tag",
                                tag, "--save-steps", "2", *flags], env=env, capture_output=True, text=True,
-                              timeout=300)
+                              timeout=hang_timeout(300))
         assert proc.returncode == 0, proc.stderr[-4000:]
         return proc.stderr
 

@@ -23,6 +23,7 @@ pytest.importorskip("moto.server")
 
 from tests.common import s3server  # noqa: E402
 from tests.common.models import RegressionDataset, RegressionModel  # noqa: E402
+from tests.common.timing import hang_timeout  # noqa: E402
 from tests.conftest import make_args  # noqa: E402
 from trainwell import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from trainwell.checkpoint import store  # noqa: E402
@@ -339,7 +340,7 @@ def _torchrun(*argv: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            "--master_port", str(s3server.free_port()), str(SCRIPT), *argv],
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=hang_timeout(600))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
 
 

@@ -11,6 +11,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tests.common.timing import hang_timeout
+
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing-secret",
                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
 
@@ -32,7 +34,7 @@ class S3Server:
     def start(self) -> S3Server:
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120  # a loaded machine imports moto slowly: wait on progress, not a guess
+        deadline = time.monotonic() + hang_timeout(120)  # a loaded machine imports moto slowly
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"moto.server exited with {self.proc.returncode}")
