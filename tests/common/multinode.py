@@ -105,7 +105,7 @@ def launch_one_node(folder: Path, report: Path, *flags: str, rendezvous: str = "
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        for pid in [proc.pid, *_descendants(proc.pid)]:  # torchrun starts its processes in sessions of their own
+        for pid in [proc.pid, *descendants(proc.pid)]:  # torchrun starts its processes in sessions of their own
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         out, _ = proc.communicate()
@@ -113,7 +113,7 @@ def launch_one_node(folder: Path, report: Path, *flags: str, rendezvous: str = "
     return Launch([proc.returncode], [out], *_read_reports(report, nproc))
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """The processes below ``pid`` (from /proc), children first."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
