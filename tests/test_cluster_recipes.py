@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.common.multinode import descendants, free_port
+from tests.common.timing import hang_timeout
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "scaling.md"
@@ -78,9 +79,9 @@ def _start(folder: Path, port: int) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
-def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+def _finish(proc: subprocess.Popen, seconds: float = 120) -> str:
     try:
-        return proc.communicate(timeout=timeout)[0]
+        return proc.communicate(timeout=hang_timeout(seconds))[0]
     except subprocess.TimeoutExpired:
         for pid in [proc.pid, *descendants(proc.pid)]:  # bash, torchrun and its processes
             with contextlib.suppress(ProcessLookupError):
@@ -105,7 +106,7 @@ def uninterrupted(tmp_path_factory) -> bytes:
 @pytest.mark.distributed
 def test_the_sbatch_script_saves_on_sigterm_requeues_and_resumes_exactly(tmp_path: Path, uninterrupted: bytes) -> None:
     proc = _start(tmp_path, free_port())
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + hang_timeout(100)
     while not (tmp_path / "run" / "checkpoint-100").is_dir() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)  # Slurm's --signal=B:TERM@300, to the batch script
@@ -136,6 +137,6 @@ def test_the_kubernetes_manifest_runs_the_tested_torchrun_command(tmp_path: Path
     (tmp_path / "train.sbatch").write_text(_sbatch())
     env = _environment(tmp_path, nodes=pods, job=job["metadata"]["name"])
     done = subprocess.run(["bash", "train.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=hang_timeout(30))
     assert done.returncode == 0, done.stderr
     assert container["command"] == (tmp_path / "args").read_text().splitlines(), json.dumps(container["command"])

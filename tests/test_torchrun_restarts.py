@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.common.multinode import free_port, launch_one_node
+from tests.common.timing import hang_timeout
 
 RUN = ("--steps", "4", "--save-steps", "2", "--resume-last")
 
@@ -32,7 +33,7 @@ def _cpu_only() -> None:
 def uninterrupted(tmp_path_factory) -> dict:
     _cpu_only()
     root = tmp_path_factory.mktemp("uninterrupted")
-    run = launch_one_node(root / "run", root / "report", *RUN)
+    run = launch_one_node(root / "run", root / "report", *RUN, timeout=hang_timeout(60))
     assert run.ok and len(run.reports) == 2, run.explain()
     return run.reports[0]
 
@@ -41,7 +42,8 @@ def uninterrupted(tmp_path_factory) -> dict:
 @pytest.mark.parametrize("rendezvous", ["static", "c10d"])
 def test_a_restart_comes_up_and_resumes_exactly(tmp_path: Path, uninterrupted: dict, rendezvous: str) -> None:
     run = launch_one_node(tmp_path / "run", tmp_path / "report", *RUN, "--kill-rank", "1", "--kill-step", "3",
-                          rendezvous=rendezvous, max_restarts=1, timeout=300)
+                          rendezvous=rendezvous, max_restarts=1,
+                          timeout=hang_timeout(120))
     assert run.ok, run.explain()
     assert (tmp_path / "report" / "killed").exists()  # process 1 did die at step 3
     for rank, report in run.reports.items():
@@ -64,12 +66,12 @@ def agent_store(monkeypatch):
     return store
 
 
-def _rendezvous_store(timeout: float = 10):
+def _rendezvous_store(wait: float = 10):
     from torch.distributed.rendezvous import rendezvous
 
     from trainwell.utils.rendezvous import init_method
 
-    return next(rendezvous(init_method(), timeout=datetime.timedelta(seconds=timeout)))
+    return next(rendezvous(init_method(), timeout=datetime.timedelta(seconds=wait)))
 
 
 def test_each_restart_reads_and_writes_its_own_keys(agent_store, monkeypatch) -> None:
@@ -96,7 +98,7 @@ def test_a_process_of_the_restart_that_never_comes_stops_the_wait_naming_it(agen
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     agent_store.set("trainwell/unit/restart_of/1", "0")  # process 1 last started under restart 0; process 2 never
     with pytest.raises(RuntimeError) as caught:
-        _rendezvous_store(timeout=0.5)
+        _rendezvous_store(wait=0.5)  # the limit under test, not a hang guard
     message = str(caught.value)
     assert "Process 0 of 3 (torchrun restart 1) waited" in message and "process(es) 1, 2" in message, message
     assert "process 1: last started as restart 0" in message and "process 2: never started" in message, message
