@@ -420,8 +420,11 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
         from accelerate import PartialState
 
         from trainwell.args.launcher import accelerate_cpu
+        from trainwell.utils.rendezvous import init_method
 
         backend = {"backend": self.ddp_backend} if self.ddp_backend else {}
+        if (method := init_method()) is not None:  # under torchrun: a key space per restart
+            backend["init_method"] = method
         return PartialState(cpu=accelerate_cpu(self), timeout=self.ddp_timeout_delta, **backend)
 
     def get_process_log_level(self) -> int:

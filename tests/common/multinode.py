@@ -6,8 +6,10 @@ Used by tests/test_multinode.py and benchmarks/reliability_multinode.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -80,13 +82,60 @@ def launch_two_nodes(nodes: tuple[Path, Path], report: Path, *flags: str, nproc:
             out, _ = proc.communicate()
             out += "\n[timed out]"
         logs.append(out)
+    return Launch([p.returncode for p in procs], logs, *_read_reports(report, 2 * nproc))
+
+
+def launch_one_node(folder: Path, report: Path, *flags: str, rendezvous: str = "static", nproc: int = 2,
+                    max_restarts: int = 0, timeout: float = 240) -> Launch:
+    """``torchrun --nproc_per_node nproc`` in ``folder`` with the ``static`` (torchrun's default: ``--master_addr``,
+    ``--master_port``) or ``c10d`` rendezvous, ``--max-restarts max_restarts``; waits for it (killed after
+    ``timeout`` seconds: the log then ends with ``[timed out]``)."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    report.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    if rendezvous == "static":
+        meet = ["--master_addr", "127.0.0.1", "--master_port", str(port)]
+    else:
+        meet = ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "restart-test"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc), *meet,
+           "--max_restarts", str(max_restarts), str(SCRIPT), "--report", str(report), *flags]
+    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *descendants(proc.pid)]:  # torchrun starts its processes in sessions of their own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        out += "\n[timed out]"
+    return Launch([proc.returncode], [out], *_read_reports(report, nproc))
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    found, queue = [], list(children.get(pid, []))
+    while queue:
+        found.append(queue.pop(0))
+        queue += children.get(found[-1], [])
+    return found
+
+
+def _read_reports(report: Path, processes: int) -> tuple[dict[int, dict], dict[int, str]]:
     reports, process_logs = {}, {}
-    for rank in range(2 * nproc):
+    for rank in range(processes):
         if (report / f"rank{rank}.json").is_file():
             reports[rank] = json.loads((report / f"rank{rank}.json").read_text())
         if (report / f"rank{rank}.log").is_file():
             process_logs[rank] = (report / f"rank{rank}.log").read_text()
-    return Launch([p.returncode for p in procs], logs, reports, process_logs)
+    return reports, process_logs
 
 
 def files_under(folder: Path) -> list[str]:

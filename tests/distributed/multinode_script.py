@@ -37,7 +37,9 @@ parser.add_argument("--find-unused", action="store_true", help="ddp_find_unused_
 cli = parser.parse_args()
 RANK = int(os.environ["RANK"])
 os.makedirs(cli.report, exist_ok=True)
-_log = os.open(os.path.join(cli.report, f"rank{RANK}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+# a process torchrun restarted (--max-restarts) appends to its predecessor's log
+_kept = os.O_APPEND if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) else os.O_TRUNC
+_log = os.open(os.path.join(cli.report, f"rank{RANK}.log"), os.O_WRONLY | os.O_CREAT | _kept)
 os.dup2(_log, 1)  # this process's prints, logs and tracebacks, apart from the other processes'
 os.dup2(_log, 2)
 logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")

@@ -181,6 +181,8 @@ def _parallelism(args: Any, model: Any) -> dict[str, Any]:
 def _kwargs_handlers(args: Any) -> list[Any]:
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
+    from trainwell.utils.rendezvous import init_method as rendezvous_init_method
+
     handlers: list[Any] = []
     ddp_kwargs = {
         "find_unused_parameters": args.ddp_find_unused_parameters,
@@ -198,6 +200,8 @@ def _kwargs_handlers(args: Any) -> list[Any]:
     pg_kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=args.ddp_timeout)}
     if args.ddp_backend is not None:
         pg_kwargs["backend"] = args.ddp_backend
+    if (method := rendezvous_init_method()) is not None:  # under torchrun: a key space per restart (see there)
+        pg_kwargs["init_method"] = method
     handlers.append(InitProcessGroupKwargs(**pg_kwargs))
     return handlers
 
