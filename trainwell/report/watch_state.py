@@ -79,7 +79,7 @@ def run_state(folder: Path, live: LiveHistory | None, step: Any, finished: bool,
     if process["ended"]:
         return {"state": "ended", "text": f"train() ended at step {step} without finishing{resume}",
                 "checkpoint": checkpoint}
-    pid, when = process.get("pid"), process.get("time")
+    pid, when = process.get("pid"), live.last_time if live is not None else None  # any line is a heartbeat
     if process.get("host") == socket.gethostname() and isinstance(pid, int) and pid > 0:
         gone, why = not _alive(pid), f"process {pid} is gone"
     else:
