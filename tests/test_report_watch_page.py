@@ -21,6 +21,8 @@ from tests.test_report_browser import _qt_missing
 from tests.test_report_watch_state import kill, start_child, wait_for_checkpoint
 from trainwell.report.watch import watch_runs
 
+_POLL = 0.2  # seconds between two looks for the browser's answer (not a limit)
+
 # Runs the JavaScript of each line read from stdin ({"id": N, "js": "..."}) on the page; prints "RESULT N <json>".
 _QT_DRIVER = """
 import json, queue, sys, threading
@@ -113,7 +115,7 @@ class Browser:
         deadline = time.monotonic() + hang_timeout(60)
         while time.monotonic() < deadline:
             try:
-                number, value = self.results.get(timeout=0.2)
+                number, value = self.results.get(timeout=_POLL)
             except queue.Empty:
                 if self.proc.poll() is not None:
                     pytest.fail(f"the browser ended (exit {self.proc.returncode}): {self.proc.stderr.read()[-3000:]}")
@@ -135,7 +137,7 @@ class Browser:
     def close(self) -> None:
         try:
             self.proc.stdin.close()
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=hang_timeout(30))
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
 
