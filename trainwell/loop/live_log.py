@@ -14,6 +14,8 @@ Format, one JSON object per line (``\\n`` ends every complete line; a reader ign
   call starts, at ``start_step`` (the checkpoint's step when it resumed from ``resumed_from``, the checkpoint
   folder's name; None for a fresh start);
 * ``{"log": ENTRY, "time": T}``: ENTRY is exactly what went into ``state.log_history`` (``{**logs, "step": N}``).
+* ``{"system": {...}, "time": T}``: system metrics and the heartbeat, from ``trainwell.loop.system_sampler``'s
+  timer thread (never in ``log_history``).
 
 ``T`` is the UNIX time of the write. A fresh start (step 0, no checkpoint) replaces the file (its session line is
 written to a temporary name and renamed onto it, which replaces a link rather than following it); a resume, and

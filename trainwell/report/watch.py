@@ -6,7 +6,9 @@ run's files (``trainer_state.json`` of the folder and of its newest checkpoint: 
 curves (``trainwell.report.history``, merged with the live log by ``trainwell.report.live``). The page
 (``trainwell.report.watch_page``, served by ``trainwell.report.watch_server``) asks for them every second and
 redraws, so a log shows within about two seconds. Nothing but the run folders is read, so a run on another
-machine is watched through a shared disk; the training process is never contacted.
+machine is watched through a shared disk; the training process is never contacted (its state comes from the
+heartbeat it writes to the live log: ``trainwell.report.watch_state``, which on the same machine only asks the
+system whether its pid still exists).
 
 Safety: the server (``watch_server``) answers only requests carrying its token. Nothing is written. Every file is
 hostile: read only when it is a regular file reached without a symbolic link (a ``checkpoint-N`` that is a link
@@ -262,12 +264,11 @@ def _groups(shown: list[tuple[int, RunHistory]]) -> dict[str, list[str]]:
     return groups
 
 
-def figures(runs: list[WatchedRun], smoothing: float | None = None) -> list[dict[str, Any]]:
+def figures(runs: list[WatchedRun]) -> list[dict[str, Any]]:
     """The figures of the page: every run's metrics grouped as in the written report (``_groups``), each curve
     on the step axis and cut to a few hundred points (``curves.downsample``), each run's resume points. The page
-    smooths the training series itself (its slider); ``smooth`` marks them. ``smoothing`` is not used here: the
-    page's slider starts at it (``Watcher``)."""
-    del smoothing
+    smooths the training series itself (its slider, which starts at the ``Watcher``'s ``smoothing``); ``smooth``
+    marks them."""
     shown = [(index, w.run) for index, w in enumerate(runs) if w.run is not None]
     out = []
     for name, keys in _groups(shown).items():
@@ -330,7 +331,7 @@ class Watcher:
         body: dict[str, Any] = {"version": self.version + 1, "runs": [_guarded_status(r) for r in self.runs],
                                 "smoothing": self.smoothing, "x": self.x}
         try:
-            body["figures"], body["error"] = _clean(figures(self.runs, self.smoothing)), None
+            body["figures"], body["error"] = _clean(figures(self.runs)), None
         except Exception as err:  # noqa: BLE001 - the table still shows, with what went wrong
             body["figures"], body["error"] = [], f"cannot draw the figures: {type(err).__name__}: {err}"
         data = json.dumps(body, allow_nan=False, default=str, separators=(",", ":")).encode("utf-8")
