@@ -170,3 +170,47 @@ def test_the_cli_waits_for_a_folder_not_there_yet(tmp_path, monkeypatch, capsys)
     assert "no such folder yet" in capsys.readouterr().out
     assert served[0]["x"] == "epoch" and "waiting for" in served[0]["runs"][0]["error"]
 
+
+
+def test_gpu_metrics_come_from_the_allocator_and_nvml_without_a_gpu_here(tmp_path, monkeypatch):
+    """No GPU on the test machine: torch.cuda's counters and NVML are stood in for, to check what is read (the
+    allocator's host-side counters, NVML's device renumbered by CUDA_VISIBLE_DEVICES) and that a failing NVML
+    drops the utilisation, never the sample."""
+    import types
+
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 1000 + d)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 2000 + d)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    rates = types.SimpleNamespace(gpu=42)
+    nvml = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: calls.append(i) or i,
+                                 nvmlDeviceGetUtilizationRates=lambda h: rates)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    sampler = SystemSampler(str(tmp_path / LIVE_LOG_NAME))
+    sample = sampler.sample()
+    assert {k: sample[k] for k in sample if k.startswith("gpu")} == {
+        "gpu_memory_bytes": 1001, "gpu_reserved_bytes": 2001, "gpu_util_percent": 42.0}
+    assert calls == [5]  # NVML's index of torch's device 1 under CUDA_VISIBLE_DEVICES=3,5; no synchronize
+
+    def broken(handle):
+        raise RuntimeError("NVML gone")
+
+    nvml.nvmlDeviceGetUtilizationRates = broken
+    sample = sampler.sample()
+    assert "gpu_util_percent" not in sample and sample["gpu_memory_bytes"] == 1001 and sample["rss_bytes"] > 0
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan"])
+def test_a_bad_sampling_interval_is_an_error_before_training(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("TRAINWELL_SYSTEM_INTERVAL", value)
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, report_to="live", disable_tqdm=True, use_cpu=True)
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=8))
+    with pytest.raises(ValueError, match=f"TRAINWELL_SYSTEM_INTERVAL='{value}': pass the seconds"):
+        trainer.train()
+    assert trainer.state.global_step == 0

@@ -74,8 +74,10 @@ class FitLoop:
         self.step = OptimizerStep(hooks, model, run)
         self.timing_compile = hooks.runtime.compile_backend is not None  # the first step compiles: say how long
         self.model, self.run = model, run
-        sampler = SystemSampler.begin(run.live_log.path) if run.live_log is not None else None  # system metrics
+        sampler = None
         try:  # from here on the optimizer carries the guard's found_inf: taken off below, however this ends
+            if run.live_log is not None:  # system metrics and the heartbeat, on a timer thread
+                sampler = SystemSampler.begin(run.live_log.path)
             first_epoch, last_epoch = self._begin(plan, model)
             for epoch in range(first_epoch, last_epoch):
                 skip_windows = resume.windows_done if resume is not None and epoch == first_epoch else 0

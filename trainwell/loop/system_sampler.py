@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import sys
@@ -41,12 +42,19 @@ INTERVAL = 10.0
 
 
 def _interval() -> float:
+    """``TRAINWELL_SYSTEM_INTERVAL`` when set (a number of seconds above 0; anything else is an error at the start
+    of ``train()``, before any work), else ``INTERVAL``."""
     given = os.environ.get("TRAINWELL_SYSTEM_INTERVAL")
+    if not given:
+        return INTERVAL
     try:
-        value = float(given) if given else INTERVAL
+        value = float(given)
     except ValueError:
-        value = INTERVAL
-    return value if value > 0 else INTERVAL
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"TRAINWELL_SYSTEM_INTERVAL={given!r}: pass the seconds between two samples of the live "
+                         f"log's system metrics, a number above 0 (e.g. 10, the default), or unset it.")
+    return value
 
 
 def _rss_bytes() -> int | None:
