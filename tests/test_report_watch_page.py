@@ -68,10 +68,11 @@ window.T = {
     });
     return out;
   },
-  at: function (key, type, fx, fy) {
+  at: function (key, type, fx, fy, deltaY) {
     var s = document.querySelector('figure[data-key="' + key + '"] svg'), b = s.getBoundingClientRect();
     var x = b.left + b.width * (62 + fx * 526) / 600, y = b.top + b.height * (12 + fy * 252) / 300;
-    s.dispatchEvent(new MouseEvent(type, {clientX: x, clientY: y, bubbles: true, cancelable: true}));
+    var init = {clientX: x, clientY: y, bubbles: true, cancelable: true, deltaY: deltaY || 0};
+    s.dispatchEvent(type === 'wheel' ? new WheelEvent(type, init) : new MouseEvent(type, init));
   },
   drag: function (key, a, b) {
     T.at(key, 'mousedown', a, 0.05); T.at(key, 'mousemove', (a + b) / 2, 0.5); T.at(key, 'mouseup', b, 0.95);
@@ -172,7 +173,7 @@ def test_hover_zoom_smoothing_and_a_killed_run_in_a_browser(tmp_path):
         page.js("T.at('loss', 'mousemove', 0.5, 0.5)")
         tip = page.js("T.chart('loss').tip")
         assert re.search(r"static: train loss = [\d.]+ \(smoothed [\d.]+\), step \d+", tip), tip
-        assert "live: train loss = " in tip, tip
+        assert re.search(r"live: train loss = [\d.]+( \(smoothed [\d.]+\))?, step \d+, at (\d+m)?\d+s", tip), tip
         # zoom: a box over the middle half; the learning rate's chart (same x) follows; a double-click resets
         page.js("T.drag('loss', 0.25, 0.75)")
         zoomed, linked = page.js("T.chart('loss')"), page.js("T.chart('learning_rate')")
@@ -182,6 +183,11 @@ def test_hover_zoom_smoothing_and_a_killed_run_in_a_browser(tmp_path):
         assert float(zoomed["y1"]) < float(before["y1"])  # the box's y range: the top of the chart cut off
         page.js("T.at('loss', 'dblclick', 0.5, 0.5)")
         assert page.js("T.chart('loss').x0") == before["x0"]
+        page.js("T.at('loss', 'wheel', 0.5, 0.5, -100)")  # the wheel towards the chart: x zooms in at the pointer
+        wheeled = page.js("T.chart('loss')")
+        assert float(before["x0"]) < float(wheeled["x0"]) < float(wheeled["x1"]) < float(before["x1"]), wheeled
+        page.js("document.getElementById('reset').click()")
+        assert page.js("T.chart('loss').x1") == before["x1"]
         # the slider: 0.5 (--smooth) to 0.95 changes the smoothed curve; 0 draws none
         smoothed = {c[1]: c[2] for c in page.js("T.chart('loss').curves") if c[0] == 0}
         page.js("T.set('smoothing', '0.95')")
@@ -194,6 +200,10 @@ def test_hover_zoom_smoothing_and_a_killed_run_in_a_browser(tmp_path):
         page.js("T.set('xaxis', 'epoch')")
         epoch = page.js("T.chart('loss')")
         assert epoch["xkind"] == "epoch" and float(epoch["x1"]) <= 40.0, epoch
+        assert page.js("Array.prototype.map.call(document.querySelectorAll('#xaxis option'), o => o.value)") == [
+            "step", "epoch", "time"]  # no run logged input tokens; the live run's lines have times
+        page.js("T.set('xaxis', 'time')")
+        assert {c[0] for c in page.js("T.chart('loss').curves")} == {1}  # the static run has no live log
         page.js("T.set('xaxis', 'step')")
         log = page.js("T.chart('loss').title")
         page.js("document.querySelector('figure[data-key=loss] button.log').click()")

@@ -214,3 +214,28 @@ def test_a_bad_sampling_interval_is_an_error_before_training(tmp_path, monkeypat
     with pytest.raises(ValueError, match=f"TRAINWELL_SYSTEM_INTERVAL='{value}': pass the seconds"):
         trainer.train()
     assert trainer.state.global_step == 0
+
+
+def test_throughput_is_charted_per_unit(tmp_path):
+    """A new run that has logged only its step-0 evaluation: its speeds (samples/s, steps/s) on two charts, not
+    one log axis; a training speed (tokens/s) on its own."""
+    from trainwell.report.watch import figures
+
+    history = [{"eval_loss": 2.0, "eval_runtime": 1.0, "eval_samples_per_second": 64.0, "eval_steps_per_second": 8.0,
+                "step": 0}]
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 0, "max_steps": 9,
+                                                             "log_history": history}))
+    watched = WatchedRun(tmp_path, "run")
+    watched.refresh()
+    shown = {f["key"]: (f["title"], [s["key"] for s in f["series"]]) for f in figures([watched])}
+    assert {k: v for k, v in shown.items() if k.startswith("throughput")} == {
+        "throughput_samples": ("throughput (samples/s)", ["eval_samples_per_second"]),
+        "throughput_steps": ("throughput (steps/s)", ["eval_steps_per_second"])}
+    history.append({"loss": 1.0, "tokens_per_second": 5000.0, "step": 1})
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 1, "max_steps": 9,
+                                                             "log_history": history}))
+    watched = WatchedRun(tmp_path, "run")
+    watched.refresh()
+    shown = {f["key"]: (f["title"], [s["key"] for s in f["series"]]) for f in figures([watched])}
+    assert {k: v for k, v in shown.items() if k.startswith("throughput")} == {
+        "throughput_tokens": ("throughput (tokens/s)", ["tokens_per_second"])}
