@@ -79,6 +79,7 @@ class WatchedRun:
         self._built_at = 0.0
         self._cost = 0.0
         self.state: dict[str, Any] = {}  #: what the page says of the run's state (``watch_state.run_state``)
+        self.extras: dict[str, Any] = {}  #: the run's x axes besides the step, and its system metrics
 
     def _appeared(self) -> bool:
         """Whether the path exists; the first time it does, its live log reader is made (for a run folder)."""
@@ -171,6 +172,8 @@ class WatchedRun:
         if self.bad_value is not None:
             return self.problem != before
         self.run, self.waiting = run_from_state(source, merged, live, self.name), None
+        # built with the curves (and throttled with them), not at each payload: a long history costs a pass
+        self.extras = {"axes": step_axes(self.run, live), "system": system_series(live)}
         self._cost = time.monotonic() - now
         return True
 
@@ -238,7 +241,7 @@ def _status(watched: WatchedRun) -> dict[str, Any]:
                 "resumed_at": [s.start_step for s in run.sessions[1:]],
                 "start_step": session.start_step if session else 0, "state": watched.state.get("state"),
                 "state_text": watched.state.get("text"), "checkpoint": watched.state.get("checkpoint"),
-                "axes": step_axes(run, live), "system": system_series(live)})
+                **watched.extras})
     head = summary(run)
     out["summary"] = {k: v for k, v in head.items() if k not in ("run", "state file")}
     for key in ("loss", "eval_loss"):
