@@ -174,8 +174,12 @@ def test_hover_zoom_smoothing_and_a_killed_run_in_a_browser(tmp_path):
         tip = page.js("T.chart('loss').tip")
         assert re.search(r"static: train loss = [\d.]+ \(smoothed [\d.]+\), step \d+", tip), tip
         assert re.search(r"live: train loss = [\d.]+( \(smoothed [\d.]+\))?, step \d+, at (\d+m)?\d+s", tip), tip
-        # zoom: a box over the middle half; the learning rate's chart (same x) follows; a double-click resets
-        page.js("T.drag('loss', 0.25, 0.75)")
+        page.js("T.set('smoothing', '0.5')")  # a redraw (new data does the same): the values stay shown
+        assert page.js("T.chart('loss').tip").split("live:")[0] == tip.split("live:")[0]
+        # zoom: a box over the middle half, the page redrawn mid-drag (the redraw waits for the drag's end); the
+        # learning rate's chart (same x) follows; a double-click resets
+        page.js("T.at('loss', 'mousedown', 0.25, 0.05); T.set('smoothing', '0.5'); T.at('loss', 'mousemove', 0.5, 0.5);"
+                " T.at('loss', 'mouseup', 0.75, 0.95)")
         zoomed, linked = page.js("T.chart('loss')"), page.js("T.chart('learning_rate')")
         span = float(before["x1"]) - float(before["x0"])
         assert abs(float(zoomed["x1"]) - float(zoomed["x0"]) - span / 2) < span * 0.02, (before, zoomed)

@@ -11,6 +11,7 @@
                 gpu_util_percent: 'GPU utilisation %'};
   var version = -1, last = null, offset = 0, clipId = 0;
   var view = {x: null, smoothing: null, hidden: {}, log: {}, zoomX: {}, zoomY: {}};
+  var pointer = null, dragging = false, stale = false;  // a redraw waits for a drag's end; hover survives one
   var drawn = {};  // figure key -> what its chart drew (for hover and CSV)
   var TOKEN = new URLSearchParams(window.location.search).get('token') || '';  // the server answers no one without
 
@@ -231,20 +232,25 @@
         band.setAttribute('y', Math.min(start.py, p.py)); band.setAttribute('height', Math.abs(p.py - start.py));
       }
       hover(key, p.x, tip, event);
+      pointer = {key: key, x: p.x, clientX: event.clientX, clientY: event.clientY, px: p.px};
       cursor.setAttribute('x1', p.px); cursor.setAttribute('x2', p.px); cursor.setAttribute('visibility', 'visible');
     });
     svg.addEventListener('mouseleave', function () {
+      pointer = null;
       tip.style.display = 'none'; cursor.setAttribute('visibility', 'hidden');
     });
-    svg.addEventListener('mousedown', function (event) { start = at(svg, event, r); event.preventDefault(); });
+    svg.addEventListener('mousedown', function (event) {
+      start = at(svg, event, r); dragging = true; event.preventDefault();
+    });
     svg.addEventListener('mouseup', function (event) {
-      if (!start) { return; }
+      dragging = false;
+      if (!start) { if (stale) { redraw(); } return; }
       var p = at(svg, event, r), a = start;
       start = null;
       if (band) { band.remove(); band = null; }
       if (Math.abs(p.px - a.px) > 5) { view.zoomX[zoomKey] = [Math.min(a.x, p.x), Math.max(a.x, p.x)]; }
       if (Math.abs(p.py - a.py) > 5) { view.zoomY[key] = [Math.min(a.y, p.y), Math.max(a.y, p.y)]; }
-      if (Math.abs(p.px - a.px) > 5 || Math.abs(p.py - a.py) > 5) { redraw(); }
+      if (stale || Math.abs(p.px - a.px) > 5 || Math.abs(p.py - a.py) > 5) { redraw(); }
     });
     svg.addEventListener('wheel', function (event) {
       event.preventDefault();
@@ -373,6 +379,8 @@
   }
   function redraw() {
     if (!last) { return; }
+    if (dragging) { stale = true; return; }  // new data mid-drag: drawn at the drag's end
+    stale = false;
     var kind = controls(), runs = last.runs.length;
     drawn = {};
     var plots = document.getElementById('plots'), system = document.getElementById('system');
@@ -380,6 +388,13 @@
     system.replaceChildren.apply(system, systemFigures().map(function (fig) { return chart(fig, kind, runs); }));
     document.getElementById('system-title').style.display = system.children.length ? 'block' : 'none';
     document.body.setAttribute('data-x', kind);
+    var again = pointer && document.querySelector('figure[data-key="' + pointer.key + '"]');
+    if (again && drawn[pointer.key]) {  // the values at the pointer stay shown across a redraw
+      hover(pointer.key, pointer.x, again.querySelector('.tip'), pointer);
+      var line = again.querySelector('svg > line[visibility]');
+      if (line) { line.setAttribute('x1', pointer.px); line.setAttribute('x2', pointer.px);
+                  line.setAttribute('visibility', 'visible'); }
+    }
   }
   function render(data) {
     if (data.unchanged) { ages(data.time); return; }
@@ -399,6 +414,9 @@
   });
   document.getElementById('xaxis').addEventListener('change', function (event) {
     view.x = event.target.value; redraw();
+  });
+  window.addEventListener('mouseup', function () {  // a drag that ended outside the chart: no zoom, charts redrawn
+    if (dragging) { dragging = false; redraw(); }
   });
   document.getElementById('reset').addEventListener('click', function () { view.zoomX = {}; view.zoomY = {}; redraw(); });
 
