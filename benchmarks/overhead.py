@@ -25,6 +25,8 @@ trainwell's difference from the loop.
     python benchmarks/overhead.py [--model linear|mlp] [--steps 5000] [--repeats 7] [--steady-from 1000]
     python benchmarks/overhead.py --quick      # a few hundred steps, one repeat: checks the script runs
     python benchmarks/overhead.py --resilience # trainwell with its resilience arguments all off / all on
+    python benchmarks/overhead.py --live       # trainwell with and without report_to="live" (live log, system
+                                               # metrics sampled every TRAINWELL_SYSTEM_INTERVAL s, default 10)
 """
 
 from __future__ import annotations
@@ -187,7 +189,8 @@ RESILIENCE_ON = {"skip_nonfinite_steps": True, "rollback_on_spike": 5.0, "step_t
                  "save_strategy": "steps", "save_steps": 10**9}
 
 
-def runners(kind: str, resilience: bool = False) -> dict[str, Callable[[int, int], dict[str, float]]]:
+def runners(kind: str, resilience: bool = False, live: bool = False
+            ) -> dict[str, Callable[[int, int], dict[str, float]]]:
     import trainwell
 
     def trainwell_with(extra: dict | None) -> Callable[[int, int], dict[str, float]]:
@@ -201,6 +204,9 @@ def runners(kind: str, resilience: bool = False) -> dict[str, Callable[[int, int
         found["trainwell (all on)"] = trainwell_with(RESILIENCE_ON)
         return found
     found["trainwell"] = trainwell_with(None)
+    if live:  # the live log and its system-metrics thread against none: only the runners that differ by it
+        found["trainwell (report_to live)"] = trainwell_with({"report_to": "live"})
+        return found
     try:
         import transformers
     except ImportError:
@@ -286,6 +292,8 @@ def main() -> None:
     parser.add_argument("--resilience", action="store_true",
                         help="compare trainwell with skip_nonfinite_steps, rollback_on_spike and step_timeout all "
                              "off, as by default and all on (no transformers runner)")
+    parser.add_argument("--live", action="store_true",
+                        help="compare trainwell with and without report_to='live' (its live log and system metrics)")
     parser.add_argument(
         "--explain",
         type=int,
@@ -302,7 +310,7 @@ def main() -> None:
     # every intra-op barrier (a step then measures the neighbours, not the framework).
     torch.set_num_threads(cli.threads)
     logging.disable(logging.WARNING)  # the trainers' INFO/WARNING lines would be timed too
-    found = runners(cli.model, cli.resilience)
+    found = runners(cli.model, cli.resilience, cli.live)
     for run in found.values():  # warm-up: imports, allocator, thread pools
         run(200 if not cli.quick else 20, 10)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in found}

@@ -157,9 +157,9 @@ RESILIENCE = {"skip_nonfinite_steps": True, "rollback_on_spike": 5.0, "step_time
 @pytest.mark.parametrize("settings", [{}, {"bf16": True}, {"gradient_accumulation_steps": 4},
                                       {"max_grad_norm": 0.0}, {"logging_nan_inf_filter": False},
                                       {"skip_nonfinite_steps": False}, RESILIENCE,
-                                      {**RESILIENCE, "optim": "sgd"}],
+                                      {**RESILIENCE, "optim": "sgd"}, {"report_to": "live"}],
                          ids=["defaults", "bf16", "accumulation-4", "no-clipping", "no-nan-filter", "no-guard",
-                              "resilience-on", "resilience-copy-guard"])
+                              "resilience-on", "resilience-copy-guard", "live-log-and-system-metrics"])
 def test_no_host_read_between_logging_steps_and_one_at_a_log(tmp_path, accelerator_path, settings):
     steps = _count(tmp_path, HostReads, **settings)
     # turn i begins at global step i + 1 and ends at global step i + 2: the logs at steps 4 and 8 are turns 2 and 6

@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to write (default: OUTPUT_DIR/report, or ./trainwell-comparison for several runs)")
     parser.add_argument("--x", default="step", choices=_AXES,
                         help="x axis of the plots: optimizer step (default), epoch, input tokens seen "
-                             "(needs include_num_input_tokens_seen) or training time")
+                             "(needs include_num_input_tokens_seen) or training time (--watch: the page's first "
+                             "choice, changed on the page; time is the wall clock of the live log)")
     parser.add_argument("--smooth", default=None, type=_weight, metavar="WEIGHT",
                         help="train loss smoothing: exponential-average weight in [0, 1) drawn over the faint raw "
                              "curve; 0 turns it off (default: auto, from the number of points)")
@@ -112,10 +113,9 @@ def _watch(ns: argparse.Namespace) -> int:
     from trainwell.cli import CliError
     from trainwell.report.watch import watch_runs
 
-    if ns.out is not None or ns.x != "step":
-        given = "--out" if ns.out is not None else f"--x {ns.x}"
-        raise CliError(f"{given} is for a written report; the live page (--watch) writes nothing and plots against "
-                       "steps. Drop it, or run trainwell report without --watch.")
+    if ns.out is not None:
+        raise CliError("--out is for a written report; the live page (--watch) writes nothing. Drop it, or run "
+                       "trainwell report without --watch.")
     if not 0 <= ns.port <= 65535:
         raise CliError(f"--port {ns.port}: pass a port number from 1 to 65535 (or 0 for a free one).")
     if ns.token is not None:
@@ -126,15 +126,15 @@ def _watch(ns: argparse.Namespace) -> int:
         except ValueError as err:
             raise CliError(str(err)) from None
     for path in ns.runs:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path!r}: no such run folder (in {os.getcwd()}); pass a run's output_dir (it "
-                                    "may still be empty: the page waits for the run to log).")
+        if not os.path.exists(path):  # named before its run starts: the page waits for the folder
+            print(f"{path}: no such folder yet (in {os.getcwd()}): the page waits for it to be created.", flush=True)
     paths = [Path(p) for p in ns.runs]
     names = [p.resolve().name or str(p) for p in paths]
     if len(set(names)) < len(names):
         names = [str(p) for p in paths]
     try:
-        server = watch_runs([str(p) for p in paths], names, port=ns.port, smoothing=ns.smooth, token=ns.token)
+        server = watch_runs([str(p) for p in paths], names, port=ns.port, smoothing=ns.smooth, token=ns.token,
+                            x=ns.x)
     except OSError as err:
         raise CliError(f"cannot listen on 127.0.0.1:{ns.port} ({err.strerror or err}): pass another --port, or "
                        "--port 0 for a free one.") from None

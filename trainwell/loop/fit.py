@@ -34,6 +34,7 @@ from trainwell.loop.plan import StepPlan
 from trainwell.loop.progress import TrainingRun
 from trainwell.loop.rollback import DataSkips
 from trainwell.loop.step import OptimizerStep
+from trainwell.loop.system_sampler import SystemSampler
 from trainwell.outputs import TrainOutput
 from trainwell.state import TrainerState
 from trainwell.utils.metrics import speed_metrics
@@ -73,7 +74,10 @@ class FitLoop:
         self.step = OptimizerStep(hooks, model, run)
         self.timing_compile = hooks.runtime.compile_backend is not None  # the first step compiles: say how long
         self.model, self.run = model, run
+        sampler = None
         try:  # from here on the optimizer carries the guard's found_inf: taken off below, however this ends
+            if run.live_log is not None:  # system metrics and the heartbeat, on a timer thread
+                sampler = SystemSampler.begin(run.live_log.path)
             first_epoch, last_epoch = self._begin(plan, model)
             for epoch in range(first_epoch, last_epoch):
                 skip_windows = resume.windows_done if resume is not None and epoch == first_epoch else 0
@@ -86,6 +90,8 @@ class FitLoop:
             checkpointer.finish_quietly()  # training failed: still let a checkpoint in flight reach the disk
             if self.step.guard is not None:
                 self.step.guard.close()
+            if sampler is not None:
+                sampler.stop()
         return self._finish()
 
     def _begin(self, plan: StepPlan, model: Any) -> tuple[int, int]:

@@ -14,6 +14,8 @@ Format, one JSON object per line (``\\n`` ends every complete line; a reader ign
   call starts, at ``start_step`` (the checkpoint's step when it resumed from ``resumed_from``, the checkpoint
   folder's name; None for a fresh start);
 * ``{"log": ENTRY, "time": T}``: ENTRY is exactly what went into ``state.log_history`` (``{**logs, "step": N}``).
+* ``{"system": {...}, "time": T}``: system metrics and the heartbeat, from ``trainwell.loop.system_sampler``'s
+  timer thread (never in ``log_history``).
 
 ``T`` is the UNIX time of the write. A fresh start (step 0, no checkpoint) replaces the file (its session line is
 written to a temporary name and renamed onto it, which replaces a link rather than following it); a resume, and
@@ -153,7 +155,7 @@ def _record(raw: bytes) -> dict[str, Any] | None:
         return None
     if not isinstance(record, dict):
         return None
-    if isinstance(record.get("log"), dict) or isinstance(record.get("session"), dict):
+    if any(isinstance(record.get(kind), dict) for kind in ("log", "session", "system")):
         return record
     return None
 
@@ -179,6 +181,12 @@ class LiveHistory:
     sessions: list[dict[str, Any]] = field(default_factory=list)
     complete: bool = False
     last_time: float | None = None
+    #: the system-metric lines (``trainwell.loop.system_sampler``), each with its ``time``; the newest last
+    system: list[dict[str, Any]] = field(default_factory=list)
+    #: the writing process's last heartbeat: ``pid``, ``host``, ``ended`` (its sampler stopped), ``time``
+    process: dict[str, Any] | None = None
+    #: the time each step was logged at (the newest log of that step)
+    step_times: dict[int, float] = field(default_factory=dict)
 
     def add(self, record: dict[str, Any]) -> None:
         """Take one record (from ``parse_lines``) into account."""
@@ -187,13 +195,21 @@ class LiveHistory:
             self.last_time = float(when)
         if "log" in record:
             self.entries.append(record["log"])
+            step = _int(record["log"].get("step"))
+            if step is not None and self.last_time is not None:
+                self.step_times[step] = self.last_time
+            return
+        if "session" not in record:
+            self._add_system(record["system"])
             return
         session = record["session"]
+        self.process = None  # a new train() call: its own sampler writes its heartbeat next
         start = _int(session.get("start_step"))
         if start is None or start < 0:
             return
         if start == 0 and not session.get("resumed_from"):
             self.entries, self.sessions, self.complete = [], [{**session, "start_step": 0}], True
+            self.system, self.process, self.step_times = [], None, {}
             return
         # Sessions that resumed from a later step belong to the future this resume discards.
         kept = [s for s in self.sessions if s["start_step"] < start]
@@ -206,6 +222,14 @@ class LiveHistory:
         # summary of the call that saved it (logged after its last save).
         self.entries = [e for e in self.entries if (step := _int(e.get("step"))) is None or step < start
                         or step == start and not _is_summary(e)]
+
+
+    def _add_system(self, sample: dict[str, Any]) -> None:
+        when = self.last_time
+        self.process = {"pid": _int(sample.get("pid")), "host": sample.get("host"), "ended": sample.get("ended") is
+                        True, "time": when}
+        if when is not None and not sample.get("ended"):
+            self.system.append({**sample, "time": when})
 
 
 def rebuild(records: list[dict[str, Any]], history: LiveHistory | None = None) -> LiveHistory:

@@ -99,7 +99,11 @@ class LiveLogReader:
                 rebuild(records, self.history)
                 if self.max_points is not None and len(self.history.entries) > 8 * self.max_points:
                     self.history.entries = thin_entries(self.history.entries, self.max_points)
+                    steps = {e.get("step") for e in self.history.entries}
+                    self.history.step_times = {k: v for k, v in self.history.step_times.items() if k in steps}
                     self.thinned = True
+                if self.max_points is not None and len(self.history.system) > 8 * self.max_points:
+                    self.history.system = thin_entries(self.history.system, self.max_points)
         return changed
 
 

@@ -6,7 +6,9 @@ run's files (``trainer_state.json`` of the folder and of its newest checkpoint: 
 curves (``trainwell.report.history``, merged with the live log by ``trainwell.report.live``). The page
 (``trainwell.report.watch_page``, served by ``trainwell.report.watch_server``) asks for them every second and
 redraws, so a log shows within about two seconds. Nothing but the run folders is read, so a run on another
-machine is watched through a shared disk; the training process is never contacted.
+machine is watched through a shared disk; the training process is never contacted (its state comes from the
+heartbeat it writes to the live log: ``trainwell.report.watch_state``, which on the same machine only asks the
+system whether its pid still exists).
 
 Safety: the server (``watch_server``) answers only requests carrying its token. Nothing is written. Every file is
 hostile: read only when it is a regular file reached without a symbolic link (a ``checkpoint-N`` that is a link
@@ -31,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from trainwell.loop.live_log import LIVE_LOG_NAME, MAX_LINE_BYTES
-from trainwell.report.curves import auto_weight, downsample, smooth, spans_decade, values_of
+from trainwell.report.curves import downsample, spans_decade
 from trainwell.report.files import read_regular_file
 from trainwell.report.history import STATE_FILE, RunHistory, parse_state, run_from_state, summary
 from trainwell.report.live import LiveLogReader, merge_state
 from trainwell.report.plots import plot_groups
 from trainwell.report.watch_server import WatchServer
+from trainwell.report.watch_state import run_state, step_axes, system_series
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +49,7 @@ LIVE_POINTS = 2000
 _POINTS = 400  # buckets per curve sent to the page (curves.downsample keeps about twice as many points)
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _LINEAR_ONLY = frozenset({"learning_rate"})
+_SPEED_UNITS = ("tokens", "samples", "steps")
 _LABELS = {"loss": "train loss", "eval_loss": "validation loss"}
 
 
@@ -63,8 +67,8 @@ class WatchedRun:
     def __init__(self, path: str | os.PathLike[str], name: str) -> None:
         self.path = Path(path)
         self.name = name
-        folder = self.path.is_dir() and not _CHECKPOINT.match(self.path.name)
-        self.reader = LiveLogReader(self.path, max_points=LIVE_POINTS) if folder else None
+        self.reader: LiveLogReader | None = None
+        self._seen = False  #: the path has existed (before that, the run is waited for)
         self.run: RunHistory | None = None
         self.error: str | None = None  #: why a file could not be read (the last good curves are kept)
         self.bad_value: str | None = None  #: a number of the state that is not finite (the last good curves kept)
@@ -74,6 +78,18 @@ class WatchedRun:
         self._pending = False
         self._built_at = 0.0
         self._cost = 0.0
+        self.state: dict[str, Any] = {}  #: what the page says of the run's state (``watch_state.run_state``)
+        self.extras: dict[str, Any] = {}  #: the run's x axes besides the step, and its system metrics
+
+    def _appeared(self) -> bool:
+        """Whether the path exists; the first time it does, its live log reader is made (for a run folder)."""
+        if not os.path.exists(self.path):
+            return False
+        if not self._seen:
+            self._seen = True
+            if self.path.is_dir() and not _CHECKPOINT.match(self.path.name):
+                self.reader = LiveLogReader(self.path, max_points=LIVE_POINTS)
+        return True
 
     def _candidates(self) -> list[tuple[Path, os.stat_result]]:
         """The state files a report could read: the folder's and its newest checkpoint's (or the file named)."""
@@ -111,9 +127,27 @@ class WatchedRun:
         return True
 
     def refresh(self) -> bool:
-        """Look at the files again; True when what the page shows of this run changed."""
+        """Look at the files again; True when what the page shows of this run changed (its state included:
+        a run whose process died changes with no file changing)."""
+        changed = self._refresh()
+        live = self.reader.history if self.reader is not None else None
+        run = self.run
+        session = run.sessions[-1] if run is not None and run.sessions else None
+        finished = session is not None and session.summary is not None
+        state = run_state(self.path, live, run.state.get("global_step") if run else None, finished, time.time())
+        if run is None:
+            state = {}
+        if state != self.state:
+            self.state, changed = state, True
+        return changed
+
+    def _refresh(self) -> bool:
         before = self.problem
-        if not os.path.exists(self.path):
+        if not self._seen and not self._appeared():
+            waiting = f"waiting for {self.path} to be created (the run has not started yet)"
+            changed, self.waiting = waiting != self.waiting, waiting
+            return changed
+        if not self._appeared():
             self.error = f"{self.path} is gone (deleted or moved?): the last curves read are kept"
             self._state_key = None
             return self.problem != before
@@ -138,6 +172,8 @@ class WatchedRun:
         if self.bad_value is not None:
             return self.problem != before
         self.run, self.waiting = run_from_state(source, merged, live, self.name), None
+        # built with the curves (and throttled with them), not at each payload: a long history costs a pass
+        self.extras = {"axes": step_axes(self.run, live), "system": system_series(live)}
         self._cost = time.monotonic() - now
         return True
 
@@ -203,7 +239,9 @@ def _status(watched: WatchedRun) -> dict[str, Any]:
                 "sessions": len(run.sessions), "finished": session is not None and session.summary is not None,
                 "last_log": live.last_time if live is not None else None,
                 "resumed_at": [s.start_step for s in run.sessions[1:]],
-                "start_step": session.start_step if session else 0})
+                "start_step": session.start_step if session else 0, "state": watched.state.get("state"),
+                "state_text": watched.state.get("text"), "checkpoint": watched.state.get("checkpoint"),
+                **watched.extras})
     head = summary(run)
     out["summary"] = {k: v for k, v in head.items() if k not in ("run", "state file")}
     for key in ("loss", "eval_loss"):
@@ -212,36 +250,44 @@ def _status(watched: WatchedRun) -> dict[str, Any]:
     return out
 
 
-def figures(runs: list[WatchedRun], smoothing: float | None = None) -> list[dict[str, Any]]:
-    """The figures of the page: ``plot_groups`` over every run's metrics, each curve on the step axis and cut to
-    a few hundred points (``curves.downsample``), the train loss with its smoothed curve, and each run's resume
-    points."""
-    shown = [(index, w.run) for index, w in enumerate(runs) if w.run is not None]
+def _groups(shown: list[tuple[int, RunHistory]]) -> dict[str, list[str]]:
+    """``plot_groups`` over every run's metrics, the throughput split by unit: tokens/s, samples/s and steps/s
+    differ by orders of magnitude and are not one quantity, so each gets its own chart."""
     groups: dict[str, list[str]] = {}
     for _, run in shown:
         for name, keys in plot_groups(run.series).items():
+            if name == "throughput":
+                for key in keys:
+                    unit = next((u for u in _SPEED_UNITS if key.endswith(f"{u}_per_second")), "other")
+                    groups.setdefault(f"throughput_{unit}", [])
+                    groups[f"throughput_{unit}"] += [key] if key not in groups[f"throughput_{unit}"] else []
+                continue
             groups.setdefault(name, [])
             groups[name] += [k for k in keys if k not in groups[name]]
+    return groups
+
+
+def figures(runs: list[WatchedRun]) -> list[dict[str, Any]]:
+    """The figures of the page: every run's metrics grouped as in the written report (``_groups``), each curve
+    on the step axis and cut to a few hundred points (``curves.downsample``), each run's resume points. The page
+    smooths the training series itself (its slider, which starts at the ``Watcher``'s ``smoothing``); ``smooth``
+    marks them."""
+    shown = [(index, w.run) for index, w in enumerate(runs) if w.run is not None]
     out = []
-    for name, keys in groups.items():
+    for name, keys in _groups(shown).items():
         series: list[dict[str, Any]] = []
         for index, run in shown:
             for key in keys:
                 points = run.series.get(key)
-                if not points:
-                    continue
-                label = _LABELS.get(key, key)
-                series.append({"run": index, "key": key, "label": label, "points": _points(points), "faint": False})
-                weight = auto_weight(len(points)) if smoothing is None else smoothing
-                if key == "loss" and weight > 0 and len(points) >= 3:
-                    series[-1]["faint"] = True
-                    smoothed = list(zip([x for x, _ in points], smooth(values_of(points), weight)))
-                    series.append({"run": index, "key": key, "label": f"{label} (smoothed {weight:.2g})",
-                                   "points": _points(smoothed), "faint": False})
+                if points:
+                    series.append({"run": index, "key": key, "label": _LABELS.get(key, key),
+                                   "points": _points(points), "smooth": not key.startswith(("eval_", "test_"))})
         values = [y for s in series for _, y in s["points"] if y is not None]
         marks = [{"run": index, "x": s.start_step, "label": f"resumed at step {s.start_step}"}
                  for index, run in shown for s in run.sessions[1:]]
-        out.append({"key": name, "title": name.replace("_", " "), "series": series, "marks": marks,
+        unit = name.partition("_")[2] if name.startswith("throughput_") else None
+        title = f"throughput ({unit}/s)" if unit else name.replace("_", " ")
+        out.append({"key": name, "title": title, "series": series, "marks": marks,
                     "log": name not in _LINEAR_ONLY and spans_decade(values)})
     return out
 
@@ -267,8 +313,10 @@ def _guarded_refresh(run: WatchedRun) -> bool:
 class Watcher:
     """The runs being watched, refreshed by a background thread; ``payload(since)`` is what ``/data`` answers."""
 
-    def __init__(self, runs: list[WatchedRun], interval: float = 1.0, smoothing: float | None = None) -> None:
+    def __init__(self, runs: list[WatchedRun], interval: float = 1.0, smoothing: float | None = None,
+                 x: str = "step") -> None:
         self.runs = runs
+        self.x = x
         self.interval = interval
         self.smoothing = smoothing
         self.version = 0
@@ -283,9 +331,10 @@ class Watcher:
         changed = [_guarded_refresh(run) for run in self.runs]
         if not (any(changed) or not self._payload):  # the page learns of a change by the version
             return
-        body: dict[str, Any] = {"version": self.version + 1, "runs": [_guarded_status(r) for r in self.runs]}
+        body: dict[str, Any] = {"version": self.version + 1, "runs": [_guarded_status(r) for r in self.runs],
+                                "smoothing": self.smoothing, "x": self.x}
         try:
-            body["figures"], body["error"] = _clean(figures(self.runs, self.smoothing)), None
+            body["figures"], body["error"] = _clean(figures(self.runs)), None
         except Exception as err:  # noqa: BLE001 - the table still shows, with what went wrong
             body["figures"], body["error"] = [], f"cannot draw the figures: {type(err).__name__}: {err}"
         data = json.dumps(body, allow_nan=False, default=str, separators=(",", ":")).encode("utf-8")
@@ -314,11 +363,12 @@ class Watcher:
 
 
 def watch_runs(paths: list[str], names: list[str], port: int = 0, interval: float = 1.0,
-               smoothing: float | None = None, token: str | None = None) -> WatchServer:
+               smoothing: float | None = None, token: str | None = None, x: str = "step") -> WatchServer:
     """A started server (its watcher refreshing in the background) for the runs at ``paths``, answering requests
     that carry ``token`` (random when None; ``server.url`` holds it); call ``serve_forever()`` on it, and
-    ``shutdown()`` and ``watcher.stop()`` to end it."""
-    watcher = Watcher([WatchedRun(p, n) for p, n in zip(paths, names)], interval, smoothing)
+    ``shutdown()`` and ``watcher.stop()`` to end it. ``x``: the page's first x axis (one of ``curves.AXES``); a path
+    that does not exist yet is waited for."""
+    watcher = Watcher([WatchedRun(p, n) for p, n in zip(paths, names)], interval, smoothing, x)
     server = WatchServer(watcher, port, token)
     watcher.start()
     return server
