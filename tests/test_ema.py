@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 
 import pytest
@@ -19,11 +20,13 @@ from safetensors.torch import load_file, save_file
 
 from tests.common.models import ClassificationDataset, DropoutMLP
 from tests.conftest import make_args
+from tests.test_speed_contracts import MLP, HostReads, Kernels, PerStep
 from trainwell import Trainer, TrainerCallback
 from trainwell.checkpoint import manifest
 from trainwell.checkpoint.contents import Phase
 from trainwell.checkpoint.pieces import checkpoint_piece
 from trainwell.checkpoint.resume import manifest_problem
+from trainwell.loop import progress
 from trainwell.techniques import EMA
 
 
@@ -199,3 +202,34 @@ def test_a_piece_that_cannot_be_added_is_named(tmp_path):
         _run(tmp_path, [Clashing()]).train()
     with pytest.raises(ValueError, match=r"EMA adds the checkpoint piece 'ema'.*already holds 'ema'"):
         _run(tmp_path, [EMA(), EMA()]).train()
+
+
+# ------------------------------------------------------------------------------------------ the step's cost
+@pytest.fixture
+def accelerator_path(monkeypatch):
+    """The path trainwell takes on an accelerator, where a host read is a sync (as tests/test_speed_contracts.py)."""
+    monkeypatch.setattr(progress, "reads_are_free", lambda device: False)
+    syncs = []
+    for module in (torch.cuda, torch.accelerator):
+        monkeypatch.setattr(module, "synchronize", lambda *a, **k: syncs.append(1))
+    return syncs
+
+
+def test_the_update_is_one_foreach_kernel_per_step_with_no_host_read(tmp_path, accelerator_path):
+    """On the accelerator path (tests/test_speed_contracts.py): an EMA adds one ``_foreach_lerp_`` to each optimizer
+    step, no other kernel, and no host read."""
+    def per_step(mode, *callbacks):
+        counter = PerStep(mode)
+        torch.manual_seed(0)
+        args = make_args(str(tmp_path), max_steps=9, per_device_train_batch_size=4, logging_steps=4)
+        Trainer(MLP(), args, train_dataset=ClassificationDataset(), callbacks=[counter, *callbacks]).train()
+        return counter.steps
+
+    plain, averaged = per_step(Kernels), per_step(Kernels, EMA())
+    assert len(plain) == len(averaged) == 7
+    for before, after in zip(plain, averaged):
+        added = collections.Counter(after)
+        added.subtract(before)
+        assert +added == {"aten._foreach_lerp_": 1} and -added == {}, added
+    assert per_step(HostReads, EMA()) == per_step(HostReads)
+    assert accelerator_path == []  # no synchronize either
