@@ -109,11 +109,12 @@ def test_a_damaged_average_is_caught_by_the_manifest(tmp_path, caplog):
     assert "checkpoint-6" in caplog.text and resumed.state.global_step == 7
 
 
-def test_evaluation_can_use_the_average_and_the_training_weights_come_back(tmp_path):
-    plain = _run(tmp_path / "plain", save_strategy="no", eval_strategy="steps", eval_steps=6)
+@pytest.mark.parametrize("when", [dict(eval_strategy="steps", eval_steps=6), dict(eval_strategy="epoch", max_steps=12)],
+                         ids=["steps", "epoch"])
+def test_evaluation_can_use_the_average_and_the_training_weights_come_back(tmp_path, when):
+    plain = _run(tmp_path / "plain", save_strategy="no", **when)
     plain.train()
-    averaged = _run(tmp_path / "averaged", [EMA(decay=0.75, use_for_eval=True)], save_strategy="no",
-                    eval_strategy="steps", eval_steps=6)
+    averaged = _run(tmp_path / "averaged", [EMA(decay=0.75, use_for_eval=True)], save_strategy="no", **when)
     averaged.train()
     assert all(torch.equal(a, b) for a, b in zip(averaged.model.parameters(), plain.model.parameters()))
     logged = [h["eval_loss"] for h in averaged.state.log_history if "eval_loss" in h]

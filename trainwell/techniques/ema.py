@@ -82,6 +82,7 @@ class EMA(TrainerCallback):
         if any(hasattr(p, "ds_id") for _, p in named):
             raise ValueError("EMA cannot average the weights under DeepSpeed: its parameters are the engine's "
                              "(partitioned under ZeRO-3). Train without DeepSpeed, or without EMA.")
+        self._training_weights = None  # an attempt that failed while evaluating: the weights were restored since
         self._names = [name for name, _ in named]
         self._weights = [_local(p) for _, p in named]
         restored, self._restored = self._restored, None
