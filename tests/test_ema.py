@@ -197,8 +197,9 @@ class Clashing(Counter):
 def test_a_piece_that_cannot_be_added_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"checkpoint_piece\(file='../ema.pt'\)"):
         checkpoint_piece("ema", "../ema.pt")
-    with pytest.raises(ValueError, match=r"checkpoint_piece\(restored=<Phase.NEVER"):
-        checkpoint_piece("ema", "ema.pt", Phase.NEVER)
+    for phase in (Phase.NEVER, Phase.DATA):
+        with pytest.raises(ValueError, match=rf"checkpoint_piece\(restored=<Phase.{phase.name}"):
+            checkpoint_piece("ema", "ema.pt", phase)
     with pytest.raises(ValueError, match=r"Clashing adds the checkpoint piece 'optimizer_copy'.*'optimizer'"):
         _run(tmp_path, [Clashing()]).train()
     with pytest.raises(ValueError, match=r"EMA adds the checkpoint piece 'ema'.*already holds 'ema'"):

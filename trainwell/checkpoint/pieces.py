@@ -34,6 +34,8 @@ from trainwell.utils.safe_files import open_regular
 
 _SUFFIXES = (".safetensors", ".pt", ".pth")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+#: the phases a callback's piece may be restored in: every resume reaches them, before its first step
+_PHASES = (Phase.WEIGHTS, Phase.STATE, Phase.OPTIMIZER, Phase.RNG)
 
 
 def checkpoint_piece(name: str, file: str, restored: Phase = Phase.OPTIMIZER, *, sharded: bool = False,
@@ -42,7 +44,8 @@ def checkpoint_piece(name: str, file: str, restored: Phase = Phase.OPTIMIZER, *,
 
     ``name``: the piece's name, unique in a run; ``file``: its file in ``checkpoint-N/``, a plain name ending in
     ``.safetensors`` (the state is a flat ``{str: tensor}``), ``.pt`` or ``.pth`` (tensors and plain containers);
-    ``restored``: the phase of a resume that hands the state back to ``load_state_dict``; ``sharded``: the state is
+    ``restored``: the phase of a resume that hands the state back to ``load_state_dict`` (``WEIGHTS``, ``STATE``,
+    ``OPTIMIZER`` or ``RNG``); ``sharded``: the state is
     this process's part of a model the engine shards (each process writes ``{stem}_{rank}{suffix}`` there, and a
     resume needs the same number of processes); ``training_state``: ``save_only_model`` leaves it out.
     ValueError naming the argument for a name or a file that cannot be one.
@@ -53,9 +56,9 @@ def checkpoint_piece(name: str, file: str, restored: Phase = Phase.OPTIMIZER, *,
     if not isinstance(file, str) or not _NAME.match(file) or not file.endswith(_SUFFIXES):
         raise ValueError(f"checkpoint_piece(file={file!r}): a piece's file is a plain file name in the checkpoint "
                          f"folder (no folder, no '..') ending in one of {list(_SUFFIXES)}, e.g. 'ema.safetensors'.")
-    if not isinstance(restored, Phase) or restored is Phase.NEVER:
-        raise ValueError(f"checkpoint_piece(restored={restored!r}): pass a Phase a resume restores, one of "
-                         f"{[p.name for p in Phase if p is not Phase.NEVER]}.")
+    if restored not in _PHASES:
+        raise ValueError(f"checkpoint_piece(restored={restored!r}): pass the Phase of a resume that hands the state "
+                         f"back, one of {[p.name for p in _PHASES]} (DATA is the data position's: only mid-epoch).")
     weights = file.endswith(".safetensors")
     return Piece(name, file, False, bool(training_state), False, restored, None, None, staged=Staging.HOST,
                  write=_write_safetensors if weights else None, read=_read_safetensors if weights else None,
