@@ -114,9 +114,12 @@ def test_a_damaged_average_is_caught_by_the_manifest(tmp_path, caplog):
 def test_evaluation_can_use_the_average_and_the_training_weights_come_back(tmp_path, when):
     plain = _run(tmp_path / "plain", save_strategy="no", **when)
     plain.train()
-    averaged = _run(tmp_path / "averaged", [EMA(decay=0.75, use_for_eval=True)], save_strategy="no", **when)
+    averaged = _run(tmp_path / "averaged", [EMA(decay=0.75, use_for_eval=True)], save_strategy=when["eval_strategy"],
+                    save_steps=6, **when)
     averaged.train()
     assert all(torch.equal(a, b) for a, b in zip(averaged.model.parameters(), plain.model.parameters()))
+    last = load_file(tmp_path / "averaged" / f"checkpoint-{averaged.state.global_step}" / "model.safetensors")
+    assert _equal(last, {n: p.detach() for n, p in plain.model.named_parameters()})  # saved after the swap back
     logged = [h["eval_loss"] for h in averaged.state.log_history if "eval_loss" in h]
     with _ema(averaged).averaged_weights():
         again = averaged.evaluate()["eval_loss"]
