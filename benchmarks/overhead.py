@@ -27,6 +27,7 @@ trainwell's difference from the loop.
     python benchmarks/overhead.py --resilience # trainwell with its resilience arguments all off / all on
     python benchmarks/overhead.py --live       # trainwell with and without report_to="live" (live log, system
                                                # metrics sampled every TRAINWELL_SYSTEM_INTERVAL s, default 10)
+    python benchmarks/overhead.py --ema        # trainwell without and with an EMA of the weights (decay 0.999)
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def plain_loop(kind: str, steps: int, steady_from: int) -> dict[str, float]:
 
 def framework_loop(
     kind: str, steps: int, steady_from: int, trainer_cls: type, args_cls: type, callback_cls: type,
-    extra: dict | None = None,
+    extra: dict | None = None, callbacks: tuple = (),
 ) -> dict[str, float]:
     """One ``train()`` of ``trainer_cls``; a callback (two events) takes the timestamps."""
 
@@ -174,7 +175,7 @@ def framework_loop(
                     "disable_tqdm": True, "logging_steps": LOGGING_STEPS, "use_cpu": True}
         args = args_cls(**{**settings, **(extra or {})})
         trainer = trainer_cls(
-            model=model, args=args, train_dataset=data, data_collator=default_collate, callbacks=[Clock()]
+            model=model, args=args, train_dataset=data, data_collator=default_collate, callbacks=[Clock(), *callbacks]
         )
         trainer.train()
         marks.mark("end")
@@ -189,15 +190,21 @@ RESILIENCE_ON = {"skip_nonfinite_steps": True, "rollback_on_spike": 5.0, "step_t
                  "save_strategy": "steps", "save_steps": 10**9}
 
 
-def runners(kind: str, resilience: bool = False, live: bool = False
-            ) -> dict[str, Callable[[int, int], dict[str, float]]]:
+def runners(kind: str, resilience: bool = False, live: bool = False,
+            ema: bool = False) -> dict[str, Callable[[int, int], dict[str, float]]]:
     import trainwell
 
-    def trainwell_with(extra: dict | None) -> Callable[[int, int], dict[str, float]]:
+    def trainwell_with(extra: dict | None, *callbacks: Callable[[], object]) -> Callable[[int, int], dict[str, float]]:
         return lambda n, s: framework_loop(kind, n, s, trainwell.Trainer, trainwell.TrainingArguments,
-                                           trainwell.TrainerCallback, extra)
+                                           trainwell.TrainerCallback, extra, tuple(make() for make in callbacks))
 
     found: dict[str, Callable[[int, int], dict[str, float]]] = {"loop": lambda n, s: plain_loop(kind, n, s)}
+    if ema:  # the per-step cost of an EMA of the weights (one _foreach_lerp_ after every optimizer step)
+        from trainwell.techniques import EMA
+
+        found["trainwell"] = trainwell_with(None)
+        found["trainwell + EMA"] = trainwell_with(None, lambda: EMA(decay=0.999))
+        return found
     if resilience:
         found["trainwell (all off)"] = trainwell_with(RESILIENCE_OFF)
         found["trainwell (default)"] = trainwell_with(None)  # skip_nonfinite_steps only, the default
@@ -294,6 +301,8 @@ def main() -> None:
                              "off, as by default and all on (no transformers runner)")
     parser.add_argument("--live", action="store_true",
                         help="compare trainwell with and without report_to='live' (its live log and system metrics)")
+    parser.add_argument("--ema", action="store_true",
+                        help="compare trainwell without and with EMA(decay=0.999) (no transformers runner)")
     parser.add_argument(
         "--explain",
         type=int,
@@ -310,7 +319,7 @@ def main() -> None:
     # every intra-op barrier (a step then measures the neighbours, not the framework).
     torch.set_num_threads(cli.threads)
     logging.disable(logging.WARNING)  # the trainers' INFO/WARNING lines would be timed too
-    found = runners(cli.model, cli.resilience, cli.live)
+    found = runners(cli.model, cli.resilience, cli.live, cli.ema)
     for run in found.values():  # warm-up: imports, allocator, thread pools
         run(200 if not cli.quick else 20, 10)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in found}

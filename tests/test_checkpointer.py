@@ -4,8 +4,8 @@
   and a row gated by a flag that is off is not;
 * a provider registered with the checkpointer is saved (an entry of the RNG file, or a file of its own) and handed
   its state back on resume; the loop registers one for every row that no Trainer method restores;
-* a piece added as one row (an EMA of the weights) is carried by synchronous and ``save_async`` checkpoints alike
-  and resumed bitwise: the table drives every save and every restore;
+* a piece a callback adds (an EMA of the weights) is carried by synchronous and ``save_async`` checkpoints alike
+  and resumed bitwise, without editing the table: tests/test_ema.py;
 * the resumed checkpoint's RNG file is loaded once, although four readers need it;
 * where in the data a checkpoint's step stands is the loop's ``StepPlan.position_at``.
 """
@@ -23,12 +23,11 @@ import torch
 from tests.checkpointing.data import StatefulIterable
 from tests.common.models import ClassificationDataset, DropoutMLP, RegressionDataset, RegressionModel
 from tests.conftest import make_args
-from trainwell import Trainer, TrainerCallback
-from trainwell.checkpoint import contents, manifest
+from trainwell import Trainer
+from trainwell.checkpoint import contents
 from trainwell.checkpoint.checkpointer import Provider
-from trainwell.checkpoint.contents import Phase, Piece, Staging
+from trainwell.checkpoint.contents import Phase, Piece
 from trainwell.checkpoint.io import load_rng_file
-from trainwell.checkpoint.resume import manifest_problem
 from trainwell.loop.plan import StepPlan
 
 
@@ -177,82 +176,6 @@ def test_the_position_of_a_checkpoint_is_the_plans_arithmetic():
     assert unsized.position_at(9, 1.5, 6) == (1, 3)
     assert unsized.position_at(9, 1 + 5 / 12, None) == (1, 3)  # a pass ended by a short window rounds up
     assert unsized.position_at(0, None, None) == (0, 0)
-
-
-# ------------------------------------------------------------------------------------------ a piece added in one place
-class EMA(TrainerCallback):
-    """An exponential moving average of the model's weights, updated after every optimizer step: a part of the run
-    a checkpoint must keep (``state_dict``/``load_state_dict``), which trainwell itself does not have."""
-
-    def __init__(self, model, decay=0.75):
-        self.decay = decay
-        self.average = {name: p.detach().clone() for name, p in model.named_parameters()}
-        self.restored = None  # what a resume handed back
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                self.average[name].mul_(self.decay).add_(p.detach(), alpha=1 - self.decay)
-
-    def state_dict(self):
-        return self.average
-
-    def load_state_dict(self, state):
-        self.restored = {name: tensor.clone() for name, tensor in state.items()}
-        for name, tensor in state.items():
-            self.average[name].copy_(tensor)
-
-
-#: the one place the piece is added: a row of the table, saying how it is staged, written and restored
-EMA_ROW = Piece("ema", "ema.pt", False, True, False, Phase.OPTIMIZER, None, None, staged=Staging.HOST)
-
-
-class WithEMA(Trainer):
-    """Keeps an EMA of its weights and hands it to each train() call's checkpointer (as the loop hands its parts)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.ema = EMA(self.model)
-        self.add_callback(self.ema)
-
-    def create_optimizer(self):  # the checkpointer of this train() call exists by now, before any save or restore
-        self.checkpointer.register("ema", self.ema)
-        return super().create_optimizer()
-
-
-def _ema_run(out_dir, **kwargs):
-    torch.manual_seed(0)
-    return WithEMA(model=DropoutMLP(), args=_args(out_dir, **kwargs), train_dataset=ClassificationDataset())
-
-
-def _saved_ema(folder):
-    return torch.load(folder / "ema.pt", weights_only=True)
-
-
-def _equal(a, b):
-    return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_a_piece_added_as_one_row_is_saved_sync_and_async_and_resumed_bitwise(tmp_path, monkeypatch):
-    _with_rows(monkeypatch, EMA_ROW)
-    sync = _ema_run(tmp_path / "sync")
-    sync.train()
-    _ema_run(tmp_path / "async", save_async=True).train()  # each built right before it trains: the same seed
-    names = {name for name, _ in sync.model.named_parameters()}
-    for step in (3, 6):
-        saved = _saved_ema(tmp_path / "sync" / f"checkpoint-{step}")
-        assert set(saved) == names, "the synchronous checkpoint lacks the EMA"
-        folder = tmp_path / "async" / f"checkpoint-{step}"
-        assert _equal(_saved_ema(folder), saved), "the async checkpoint's EMA differs from the synchronous one's"
-        assert "ema.pt" in manifest.read(folder) and manifest_problem(folder) is None
-    assert _equal(_saved_ema(tmp_path / "sync" / "checkpoint-6"), sync.ema.average)
-    assert not _equal(_saved_ema(tmp_path / "sync" / "checkpoint-3"), sync.ema.average)
-    for source in ("sync", "async"):
-        resumed = _ema_run(tmp_path / f"resumed-{source}")
-        resumed.train(resume_from_checkpoint=str(tmp_path / source / "checkpoint-3"))
-        assert _equal(resumed.ema.restored, _saved_ema(tmp_path / source / "checkpoint-3")), source
-        assert _equal(resumed.ema.average, sync.ema.average), source  # three more steps from it: the same EMA
-        assert all(torch.equal(a, b) for a, b in zip(resumed.model.parameters(), sync.model.parameters()))
 
 
 def test_a_resume_is_found_once_per_train_call_and_each_file_parsed_once(tmp_path, monkeypatch):

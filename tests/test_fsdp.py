@@ -40,14 +40,18 @@ def _max_diff(a: dict, b: dict) -> float:
 
 
 def _two_ranks(runs):
-    return runs("fsdp2", 2, *FSDP, "--save-steps", "3")
+    return runs("fsdp2", 2, *FSDP, "--save-steps", "3", "--ema")  # with an EMA: its shards are checkpointed too
+
+
+def _ddp(runs):
+    return runs("ddp2", 2, "--save-steps", "3", "--ema")
 
 
 def test_two_rank_fsdp_shards_and_trains_like_ddp_and_like_one_rank_with_twice_the_batch(runs):
     fsdp = _two_ranks(runs)
     assert fsdp["world"] == 2 and fsdp["engine"] == "fsdp" and fsdp["sharded_params"]  # DTensor parameters
     assert fsdp["is_fsdp_enabled"]  # the reference's attribute, read by library subclasses
-    ddp = runs("ddp2", 2)
+    ddp = _ddp(runs)
     assert ddp["engine"] == "data_parallel" and not ddp["sharded_params"]
     assert _max_diff(fsdp, ddp) < TOL and fsdp["losses"] == pytest.approx(ddp["losses"], abs=TOL)
     one = runs("fsdp1", 1, *FSDP, "--batch", "8", "--save-steps", "3")
@@ -59,8 +63,9 @@ def test_sharded_checkpoint_layout(runs):
     _two_ranks(runs)
     folder = runs.workdir("fsdp2") / "checkpoint-3"
     names = sorted(os.listdir(folder))
-    assert names == ["checkpoint_manifest.json", "optimizer_0", "pytorch_model_fsdp_0", "rng_state_0.pth",
-                     "rng_state_1.pth", "scheduler.pt", "trainer_state.json", "training_args.json"]
+    assert names == ["checkpoint_manifest.json", "ema_0.safetensors", "ema_1.safetensors", "optimizer_0",
+                     "pytorch_model_fsdp_0", "rng_state_0.pth", "rng_state_1.pth", "scheduler.pt", "trainer_state.json",
+                     "training_args.json"]
     for shards in ("optimizer_0", "pytorch_model_fsdp_0"):  # one file per process, and the metadata written last
         assert sorted(os.listdir(folder / shards)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     # the manifest covers every process's files, shards included, and they match it
@@ -73,8 +78,34 @@ def test_sharded_checkpoint_layout(runs):
 
 def test_resume_at_the_same_world_size_is_exact(runs):
     full = _two_ranks(runs)
-    resumed = runs("fsdp2-resumed", 2, *FSDP, "--resume", str(runs.workdir("fsdp2") / "checkpoint-3"))
+    resumed = runs("fsdp2-resumed", 2, *FSDP, "--ema", "--resume", str(runs.workdir("fsdp2") / "checkpoint-3"))
     assert resumed["params"] == full["params"] and resumed["losses"] == full["losses"]
+
+
+def test_the_ema_of_the_local_shards_is_saved_per_process_and_resumed_bitwise(runs):
+    """EMA under FSDP2 averages each process's shards, writes them as its own file (listed in the manifest) and a
+    resume at the same world size continues it bit for bit; under DDP the writer writes the one average."""
+    from safetensors.torch import load_file
+
+    from trainwell.checkpoint import manifest
+    from trainwell.checkpoint.resume import manifest_problem
+
+    test_resume_at_the_same_world_size_is_exact(runs)  # the runs it compares keep an EMA
+    folder = runs.workdir("fsdp2") / "checkpoint-3"
+    assert {"ema_0.safetensors", "ema_1.safetensors"} <= set(manifest.read(folder)) and manifest_problem(folder) is None
+    for rank in (0, 1):
+        ema = load_file(runs.workdir("fsdp2") / f"ema-final-{rank}.safetensors")
+        again = load_file(runs.workdir("fsdp2-resumed") / f"ema-final-{rank}.safetensors")
+        assert ema.keys() == again.keys() and all(torch.equal(ema[k], again[k]) for k in ema), rank
+        assert ema["inp.weight"].shape == (8, 8)  # a shard: half of the (16, 8) weight
+    ddp = _ddp(runs)["params"]
+    checkpoint = runs.workdir("ddp2") / "checkpoint-6"
+    assert not (checkpoint / "ema_1.safetensors").exists()
+    saved = load_file(checkpoint / "ema.safetensors")
+    for rank in (0, 1):  # every process holds the same average of the full weights
+        ema = load_file(runs.workdir("ddp2") / f"ema-final-{rank}.safetensors")
+        assert all(torch.equal(ema[k], saved[k]) for k in saved) and saved["inp.weight"].shape == (16, 8)
+    assert ddp.keys() == saved.keys()
 
 
 def test_a_two_rank_checkpoint_resumes_in_one_plain_process(runs):

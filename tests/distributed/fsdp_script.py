@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--fsdp-config", default="{}", help="JSON merged into the fsdp_config")
     parser.add_argument("--die-in-save", default=None, help="STEP:RANK:before|after (see die_in_save)")
     parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--ema", action="store_true", help="EMA(decay=0.75); each process writes its final average")
     cli = parser.parse_args()
     if cli.fsdp_on_cpu:
         install_fsdp_on_cpu_patch()
@@ -129,9 +130,20 @@ def main() -> None:
     args = TrainingArguments(use_cpu=True, torch_compile_backend="eager" if cli.compile else None, **fsdp,
                              bf16=cli.bf16, **engine_flags.arguments(cli))
     data = ClassificationDataset(n=96)
+    ema = []
+    if cli.ema:
+        from trainwell.techniques import EMA
+
+        ema = [EMA(decay=0.75)]
     trainer = Trainer(model=Net(), args=args, train_dataset=data, eval_dataset=data if cli.best else None,
-                      callbacks=engine_flags.callbacks(cli))
+                      callbacks=engine_flags.callbacks(cli) + ema)
     trainer.train(resume_from_checkpoint=engine_flags.resume(cli))
+    if ema:  # this process's average (its local shards under FSDP2)
+        from safetensors.torch import save_file
+
+        rank = trainer.runtime.process_index
+        save_file({k: v.contiguous() for k, v in ema[0].state_dict().items()},
+                  os.path.join(cli.workdir, f"ema-final-{rank}.safetensors"))
     from torch.distributed.tensor import DTensor
 
     sharded = all(isinstance(p, DTensor) for p in trainer.model.parameters())

@@ -5,7 +5,9 @@ outside it). It saves and restores the Trainer's parts (model, optimizer, schedu
 through the save and load methods that ``trainwell.checkpoint.contents.CONTENTS`` names for each piece (the
 reference's names, so a subclass's overrides run), and the other parts (the loop's data position, the epoch's loader
 seed, the batch read ahead, the log window; any piece a row adds) as ``state_dict``/``load_state_dict`` providers
-registered under the names of their rows. The checkpointer holds the rest of what a save and a resume need, and
+registered under the names of their rows; and the pieces the Trainer's callbacks add (a ``checkpoint_piece`` with
+``state_dict``/``load_state_dict``: ``trainwell.checkpoint.pieces``), rows of the run's table after ``CONTENTS``'s
+(:meth:`Checkpointer.rows`). The checkpointer holds the rest of what a save and a resume need, and
 nothing outside it does:
 
 * the :class:`~trainwell.checkpoint.resume.Resume` (which checkpoint, found and validated once per ``train()`` call,
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainwell.args.storage import local_output_dir
-from trainwell.checkpoint import contents, disks, manifest, store
+from trainwell.checkpoint import contents, disks, manifest, pieces, store
 from trainwell.checkpoint.background import BackgroundWriter, HostStaging
 from trainwell.checkpoint.contents import Phase
 from trainwell.checkpoint.finite import check_finite_weights
@@ -44,6 +46,7 @@ from trainwell.checkpoint.layout import (
     checkpoint_path,
     clean_temporary,
     keep_only_best,
+    per_rank_name,
     rotate_checkpoints,
 )
 from trainwell.checkpoint.resume import Resume, RunPlan
@@ -152,6 +155,12 @@ class Checkpointer:
         """The pieces providers were registered for, in registration order."""
         return tuple(self._providers)
 
+    def rows(self) -> tuple[list[contents.Piece], dict[str, Stateful]]:
+        """The run's table, ``CONTENTS`` then the rows its callbacks add (``trainwell.checkpoint.pieces``), and the
+        providers of the rows without a restoring method: the registered ones and those callbacks."""
+        added = pieces.added(getattr(self.hooks.callback_handler, "callbacks", ()))
+        return [*contents.CONTENTS, *(p for p, _ in added)], {**self._providers, **dict((p.name, c) for p, c in added)}
+
     def use_plan(self, max_steps: int, global_batch: int,
                  position_at: Callable[[int, float | None, int | None], tuple[int, int]],
                  position_of_samples: Callable[[int, int], tuple[int, int] | None] | None = None) -> None:
@@ -165,8 +174,8 @@ class Checkpointer:
         """The pieces written by the Trainer method ``saved_by`` (None: by no method, the checkpointer writes them)
         that providers hold, with their states, in table order (a piece whose provider has nothing to save is left
         out). Every process calls it, in the same order: a provider may be a collective."""
-        pieces = [p for p in contents.CONTENTS if p.saved_by == saved_by and p.name in self._providers]
-        states = [(p, self._providers[p.name].state_dict()) for p in pieces]
+        table, providers = self.rows()
+        states = [(p, providers[p.name].state_dict()) for p in table if p.saved_by == saved_by and p.name in providers]
         return [(piece, state) for piece, state in states if state is not None]
 
     # ------------------------------------------------------------------------------------------- saving
@@ -274,7 +283,8 @@ class Checkpointer:
             if self._plan is None:
                 raise RuntimeError("Checkpointer.use_plan(plan) must come before the STATE phase is restored.")
             hooks.state = self.resume.read_state(hooks.args, self._plan, self._epoch_samples())
-        rows = [p for p in contents.CONTENTS if p.restored is phase]
+        table, providers = self.rows()
+        rows = [p for p in table if p.restored is phase]
         methods = [p.restored_by for p in rows if p.restored_by and (p.restored_if is None
                                                                      or getattr(hooks.args, p.restored_if))]
         for method in dict.fromkeys(methods):
@@ -283,10 +293,10 @@ class Checkpointer:
             else:
                 getattr(hooks, method)(self.resume.path)
         restored = []
-        for piece in (p for p in rows if p.name in self._providers):  # rows without a method (register says so)
+        for piece in (p for p in rows if p.name in providers):  # rows without a method (register says so)
             state = self._saved(piece)
             if state is not None:
-                self._providers[piece.name].load_state_dict(state)
+                providers[piece.name].load_state_dict(state)
                 restored.append(piece.name)
         return tuple(restored)
 
@@ -314,13 +324,15 @@ class Checkpointer:
             saved = self.saved_rng(self.resume.path)
             return None if saved is None else saved.get(key)
         runtime, files = self.hooks.runtime, self.resume.files
-        name = contents.piece_name(piece.name, runtime.process_index, runtime.num_processes)
+        name = contents.own_file(piece, runtime)
+        if piece.name not in contents.PIECES and not _added_piece_is_there(piece, runtime, files):  # a callback's
+            return None
         if not files.has(name):
             if piece.name in _WITHOUT:
                 logger.warning("%s has no %s: %s.", files.path, name, _WITHOUT[piece.name])
             return None
-        return piece.read(files.path / name) if piece.read is not None else safe_torch_load(files.path / name,
-                                                                                            root=files.path)
+        return piece.read(files.path / name, files.path) if piece.read is not None else safe_torch_load(
+            files.path / name, root=files.path)
 
     def saved_rng(self, checkpoint: str) -> dict[str, Any] | None:
         """This process's saved RNG states in ``checkpoint`` (None without its file). The resumed checkpoint's file
@@ -345,6 +357,26 @@ class Checkpointer:
             remote.fetch(os.path.basename(checkpoint), Path(checkpoint), store.wanted_by(
                 self.hooks.runtime.process_index))
         return CheckpointFiles(checkpoint)
+
+
+def _added_piece_is_there(piece: contents.Piece, runtime: Any, files: CheckpointFiles) -> bool:
+    """Whether the checkpoint holds a callback's ``piece`` in the form this run reads (one file, or one per process
+    where :func:`contents.writes_own`): False, with a warning, when it holds none (it starts afresh); ValueError in
+    another form (written by another number of processes, or under another engine), the same on every process."""
+    forms = pieces.written_forms(piece, files.sizes)
+    if not forms:
+        logger.warning("%s has no %s: the checkpoint piece %r starts afresh (the checkpoint was written without the "
+                       "callback that adds it).", files.path, piece.file, piece.name)
+        return False
+    n = runtime.num_processes
+    wanted = sorted({per_rank_name(piece.file, rank, n) for rank in range(n)}
+                    if contents.writes_own(piece, runtime) else {piece.file})
+    if forms != wanted:
+        raise ValueError(f"{files.path} holds the checkpoint piece {piece.name!r} as {', '.join(forms)}, and this run "
+                         f"reads {', '.join(wanted)}: it was written by another number of processes or under another "
+                         "engine, and a sharded piece is read back by as many processes as wrote it. Resume on as "
+                         "many processes with the same engine (or without the callback that adds the piece).")
+    return True
 
 
 def _check_weights(hooks: Owner, checkpoint: Any) -> None:

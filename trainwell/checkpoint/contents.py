@@ -136,10 +136,15 @@ class Piece:
     #: its state as the run holds it now, for ``save_async`` (None: its provider's ``state_dict``, or ``staged`` NOW)
     state: Callable[[Owner], Any] | None = None
     #: ``write(owner, piece, state, folder)`` writes ``state`` into the checkpoint folder (None: ``torch_save`` to
-    #: :func:`piece_file`)
+    #: :func:`own_file`)
     write: Callable[[Owner, Piece, Any, str], None] | None = None
-    #: ``read(path)``: a provider's saved state back from its file (None: ``safe_torch_load``)
-    read: Callable[[Path], Any] | None = None
+    #: ``read(path, root)``: a provider's saved state back from its file, a regular file inside the checkpoint
+    #: folder ``root`` (None: ``safe_torch_load``)
+    read: Callable[[Path, Path], Any] | None = None
+    #: its state is this process's part of a model the engine shards: under such an engine (FSDP2, tensor
+    #: parallelism, DeepSpeed: ``Engine.every_process_writes``) every process writes its own file (``{stem}_{rank}``),
+    #: elsewhere the writer processes write the one file (every process holds the same state)
+    sharded: bool = False
 
 
 # ----------------------------------------------------------------------------------------------- rows' functions
@@ -156,7 +161,7 @@ def _write_arguments(owner: Owner, piece: Piece, state: Any, folder: str) -> Non
 
 
 def _write_file(owner: Owner, piece: Piece, state: Any, folder: str) -> None:
-    torch_save(state, piece_file(folder, piece.name))
+    torch_save(state, Path(folder) / own_file(piece, owner.runtime))
 
 
 CONTENTS: tuple[Piece, ...] = (
@@ -217,6 +222,20 @@ def piece_name(name: str, process_index: int = 0, num_processes: int = 1) -> str
     return per_rank_name(piece.file, process_index, num_processes) if piece.per_rank else piece.file
 
 
+def writes_own(piece: Piece, runtime: Runtime) -> bool:
+    """Whether every process writes (and reads) its own file of ``piece``: a per-rank piece, or a sharded one under an
+    engine that shards the model."""
+    return piece.per_rank or (piece.sharded and runtime.engine.every_process_writes)
+
+
+def own_file(piece: Piece, runtime: Runtime) -> str:
+    """The file of ``piece`` (relative to the checkpoint folder) that this process reads, and writes when it writes
+    one: its own where :func:`writes_own`, else the piece's one file."""
+    if writes_own(piece, runtime):
+        return per_rank_name(piece.file, runtime.process_index, runtime.num_processes)
+    return piece.file
+
+
 # ----------------------------------------------------------------------------------------------- saving
 #: ``provided(saved_by)``: the providers' states of the rows ``saved_by`` writes (None: the rows without a saving
 #: method), as ``(piece, state)`` in table order; every process calls it, in the same order
@@ -241,13 +260,15 @@ def write_pieces(owner: Owner, tmp: str, provided: Provided) -> None:
         else:
             getattr(owner, method)(tmp)
     for piece, state in _own_rows(owner, provided):
-        if owner.args.should_save:
+        if owner.args.should_save or writes_own(piece, owner.runtime):  # a process's own shard: by every process
             (piece.write or _write_file)(owner, piece, state, tmp)
 
 
 def _own_rows(owner: Owner, provided: Provided) -> list[tuple[Piece, Any]]:
-    keep = {p.name for p in _rows(owner.args.save_only_model)}
-    return [(piece, state) for piece, state in provided(None) if piece.name in keep]
+    """The rows the checkpointer writes from their providers (``CONTENTS``' and any a callback adds), with their
+    states, ``save_only_model``'s left out."""
+    only_model = owner.args.save_only_model
+    return [(piece, state) for piece, state in provided(None) if not (only_model and piece.training_state)]
 
 
 _SNAPSHOT_METHODS = ("save_model", "_save", "_save_optimizer_and_scheduler", "_save_scaler")
@@ -284,6 +305,8 @@ def stage_pieces(owner: Owner, tmp: str, staging: HostStaging, provided: Provide
     for piece, state in _own_rows(owner, provided):  # providers are asked on every process (a collective may be)
         if should_save:
             later += _stage(owner, piece, state, tmp, staging)
+        elif writes_own(piece, owner.runtime):  # its own shard, written now: only the writers write in the background
+            (piece.write or _write_file)(owner, piece, state, tmp)
     if not should_save:
         return None
 

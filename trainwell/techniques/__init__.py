@@ -4,6 +4,8 @@
 - ``neftune``: NEFTune noise on the input embeddings (``neftune_noise_alpha``).
 - ``overflow``: the inf/nan debugger (``debug="underflow_overflow"``) and the ``DebugOption`` enum.
 - ``liger``: Liger kernels (``use_liger_kernel``).
+- ``ema``: :class:`EMA`, an exponential moving average of the weights, a callback
+  (``from trainwell.techniques import EMA``; ``Trainer(..., callbacks=[EMA(decay=0.999)])``).
 
 :func:`during_training` switches on, for one ``train()`` call, those that act on the model. Each module is imported
 only when its technique is asked for.
@@ -14,6 +16,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EMA":  # imported when asked for, as every technique
+        from trainwell.techniques.ema import EMA
+
+        return EMA
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @contextlib.contextmanager
