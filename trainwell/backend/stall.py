@@ -46,6 +46,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainwell.backend.failures import _OPERATIONS, NewestCheckpoint, _names_from_frame, _resume_hint, _store, describe
+from trainwell.utils.safe_files import append_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -253,11 +254,8 @@ def _record(trainer: Any, quiet: float, stuck: list[int], reports: dict[int, dic
     line = {"step": trainer.state.global_step, "processes": stuck, "frame": first.get("frame"),
             "doing": first.get("doing"), "seconds": round(quiet, 1), "time": time.time()}
     path = os.path.join(trainer.args.output_dir, RECORD_FILE)
-    with contextlib.suppress(OSError):
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-        fd = os.open(path, flags, 0o644)
-        with os.fdopen(fd, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(line) + "\n")
+    with contextlib.suppress(OSError, ValueError):  # a link, a FIFO: refused (UnsafeFileError), never written
+        append_bytes(path, (json.dumps(line) + "\n").encode("utf-8"))
 
 
 def _dump_stacks() -> None:

@@ -47,6 +47,7 @@ from trainwell.checkpoint.layout import (
 )
 from trainwell.checkpoint.resume import Resume, RunPlan
 from trainwell.utils import filehash
+from trainwell.utils.safe_files import check_writable
 
 if TYPE_CHECKING:
     from trainwell.checkpoint.contents import Owner
@@ -116,6 +117,7 @@ class Checkpointer:
             disks.check(placement, args, runtime.engine.every_process_writes, runtime.is_main_process,
                         one_folder=runtime.engine.one_folder)
         if args.should_save:
+            check_writable(args.output_dir)  # a read-only disk: named now, not at the first save
             clean_temporary(args.output_dir)
 
     def end_run(self, run_dir: str) -> None:
@@ -293,8 +295,9 @@ class Checkpointer:
             if piece.name in _WITHOUT:
                 logger.warning("%s has no %s: %s.", files.path, name, _WITHOUT[piece.name])
             return None
-        return piece.read(files.path / name) if piece.read is not None else safe_torch_load(files.path / name,
-                                                                                            root=files.path)
+        if piece.read is not None:
+            return piece.read(files.path / name)
+        return safe_torch_load(files.path / name, data=files.read(name))  # read once, checked against the manifest
 
     def saved_rng(self, checkpoint: str) -> dict[str, Any] | None:
         """This process's saved RNG states in ``checkpoint`` (None without its file). The resumed checkpoint's file
@@ -303,8 +306,13 @@ class Checkpointer:
         if resumed and self._rng_read:
             return self._rng
         runtime = self.hooks.runtime
-        path = Path(checkpoint) / contents.piece_name("rng", runtime.process_index, runtime.num_processes)
-        saved = load_rng_file(path) if os.path.lexists(path) else None  # a link is named by the reader
+        name = contents.piece_name("rng", runtime.process_index, runtime.num_processes)
+        path = Path(checkpoint) / name
+        if resumed:  # read once through the checkpoint's descriptor, checked against its manifest
+            files = self.resume.files
+            saved = load_rng_file(path, files.read(name)) if files.has(name) or name in files.others else None
+        else:
+            saved = load_rng_file(path) if os.path.lexists(path) else None  # a link is named by the reader
         if resumed:
             self._rng, self._rng_read = saved, True
         return saved

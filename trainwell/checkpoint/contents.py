@@ -50,6 +50,7 @@ from trainwell.checkpoint.layout import (
 )
 from trainwell.utils import filehash
 from trainwell.utils import model as model_utils
+from trainwell.utils.safe_files import staged
 from trainwell.utils.seed import get_rng_state
 
 if TYPE_CHECKING:
@@ -327,7 +328,8 @@ def save_model_files(owner: Owner, output_dir: str, state_dict: dict | None = No
         save_model_weights(model_utils.unwrap(owner.model), output_dir, state_dict=state_dict)
     processing = owner.processing_class or getattr(owner.data_collator, "tokenizer", None)
     if processing is not None and hasattr(processing, "save_pretrained"):
-        processing.save_pretrained(output_dir)
+        with staged(output_dir) as stage:  # renamed into place: never written through a planted link
+            processing.save_pretrained(str(stage))
     write_json(owner.args.to_dict(), os.path.join(output_dir, TRAINING_ARGS_NAME))
     recorder = filehash.recording_for(os.path.join(output_dir, TRAINING_ARGS_NAME))
     if recorder is not None and owner.runtime.num_processes == 1:

@@ -103,9 +103,9 @@ class Resume:
         asked = resume_from_checkpoint is not None and resume_from_checkpoint is not False
         if gather is not None:  # even when this process does not resume: another may, and must not wait alone
             found, common = agreement.agree(asked, lambda: cls.find(resume_from_checkpoint, output_dir, checksums),
-                                            lambda path: _resumable_problem(CheckpointFiles(path), checksums,
-                                                                            checkpoint_step(path)), gather)
-            return cls(common) if common is not None else found
+                                            lambda path: _resumable_problem(CheckpointFiles(path, checksums),
+                                                                            checksums, checkpoint_step(path)), gather)
+            return cls(common, CheckpointFiles(common, checksums)) if common is not None else found
         if not asked:
             return None
         if resume_from_checkpoint is True:
@@ -117,7 +117,7 @@ class Resume:
                 )
             files = found
         else:
-            files = CheckpointFiles(str(resume_from_checkpoint))
+            files = CheckpointFiles(str(resume_from_checkpoint), checksums)
             reason = "it is not a folder" if not files.path.is_dir() else _resumable_problem(
                 files, checksums, checkpoint_step(files.path))
             if reason is not None:
@@ -456,7 +456,7 @@ def newest_resumable(folder: str | os.PathLike, checksums: bool = True) -> Check
     missing). Each checkpoint passed over is named in a warning with the reason."""
     fallback = None
     for step, path in reversed(checkpoints(folder)):
-        files = CheckpointFiles(path)
+        files = CheckpointFiles(path, checksums)
         reason = _resumable_problem(files, checksums, step)
         if reason is not None:
             logger.warning("Skipping damaged checkpoint %s: %s", path, reason)
