@@ -106,7 +106,7 @@ def read_task(folder: str) -> tuple[Task, dict[str, Any]]:
         saved = read_json(file, _TASK_LIMIT, root=folder)
     except (OSError, ValueError) as err:
         raise CliError(f"{err}; {_NOT_A_RUN}.") from None
-    if not isinstance(saved, dict) or saved.get("task") not in TASKS:
+    if not isinstance(saved, dict) or not isinstance(saved.get("task"), str) or saved["task"] not in TASKS:
         found = saved.get("task") if isinstance(saved, dict) else saved
         raise CliError(f"{file}: task {found!r} is not one of {', '.join(TASKS)}; it was not written by "
                        "`trainwell train`.")

@@ -100,8 +100,8 @@ class LiveLog:
     def _append(self, data: bytes) -> None:
         try:
             append_bytes(self.path, data)  # a regular file only: never through a link, never into a FIFO
-        except UnsafeFileError as err:
-            raise OSError(str(err)) from None
+        except UnsafeFileError as err:  # said as the warning says it: "it is a symbolic link" / "not a regular file"
+            raise OSError(errno.ELOOP, str(err)) if "a symbolic link" in str(err) else OSError(str(err)) from None
 
     def _replace(self, data: bytes) -> None:
         write_file(self.path, data)  # a fresh temporary name, then a rename: replaces a link, never follows it
