@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainwell.checkpoint import contents, disks, manifest
+from trainwell.checkpoint import lock as output_lock
 from trainwell.checkpoint.background import BackgroundWriter, HostStaging
 from trainwell.checkpoint.contents import Phase
 from trainwell.checkpoint.finite import check_finite_weights
@@ -117,7 +118,8 @@ class Checkpointer:
             disks.check(placement, args, runtime.engine.every_process_writes, runtime.is_main_process,
                         one_folder=runtime.engine.one_folder)
         if args.should_save:
-            check_writable(args.output_dir)  # a read-only disk: named now, not at the first save
+            if output_lock.writes(args):  # a read-only disk: named now, not at the first save
+                check_writable(args.output_dir)
             clean_temporary(args.output_dir)
 
     def end_run(self, run_dir: str) -> None:
