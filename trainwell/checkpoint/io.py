@@ -413,9 +413,12 @@ def load_safetensors(data: bytes, shown: str | os.PathLike) -> dict[str, torch.T
     from safetensors.torch import load
 
     try:
-        return load(data)
+        views = load(data)
     except Exception as err:  # safetensors raises its own SafetensorError, and others on crafted headers
         raise ValueError(f"{shown} is not a readable safetensors file ({type(err).__name__}: {err})") from err
+    # load's tensors view immutable bytes objects: each is copied into memory of its own (a collective that writes
+    # into them in place, FSDP's broadcast of full weights, would write into a bytes object), its view freed as it goes
+    return {name: views.pop(name).clone() for name in list(views)}
 
 
 def _is_tied_alias(model: nn.Module, key: str, loaded: dict[str, torch.Tensor]) -> bool:
