@@ -416,9 +416,10 @@ def load_safetensors(data: bytes, shown: str | os.PathLike) -> dict[str, torch.T
         views = load(data)
     except Exception as err:  # safetensors raises its own SafetensorError, and others on crafted headers
         raise ValueError(f"{shown} is not a readable safetensors file ({type(err).__name__}: {err})") from err
-    # load's tensors view immutable bytes objects: each is copied into memory of its own (a collective that writes
-    # into them in place, FSDP's broadcast of full weights, would write into a bytes object), its view freed as it goes
-    return {name: views.pop(name).clone() for name in list(views)}
+    # load's tensors view immutable bytes objects: each is copied into memory of its own, its view freed as it goes.
+    # In name order: load's order is a hash map's, not the same in every process, and FSDP broadcasts full weights
+    # key by key in the dict's order (two orders: mismatched broadcasts, an abort in gloo)
+    return {name: views.pop(name).clone() for name in sorted(views)}
 
 
 def _is_tied_alias(model: nn.Module, key: str, loaded: dict[str, torch.Tensor]) -> bool:
