@@ -250,12 +250,12 @@ def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_run_resumable(tm
 
     real_save, calls = torch.save, []
 
-    def fills_up(obj, path, *args, **kwargs):
-        path = getattr(path, "name", path)  # torch_save hands torch.save an open file
+    def fills_up(obj, file, *args, **kwargs):
+        path = getattr(file, "name", file)  # torch_save hands torch.save an open file (named as its final path)
         calls.append(str(path))
         if "checkpoint-3" in str(path) and str(path).endswith("optimizer.pt"):
             raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 1318528 vs 1318416")
-        return real_save(obj, path, *args, **kwargs)
+        return real_save(obj, file, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", fills_up)
     with pytest.raises(CheckpointWriteError) as err:

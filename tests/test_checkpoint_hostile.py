@@ -182,7 +182,7 @@ def test_deepspeed_files_load_weights_only(tmp_path):
 # ------------------------------------------------------------------------------------------------- the package
 _ALLOWED_LOADERS = {
     # file: the loads it may make, each of which reads weights_only or through a restricted unpickler
-    "trainwell/checkpoint/io.py": ["torch.load(fh, map_location=map_location, weights_only=True)"],
+    "trainwell/checkpoint/io.py": ["torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)"],
     "trainwell/backend/sharded.py": ["torch.load(value, weights_only=True)", "dcp.load(state, storage_reader="],
     "trainwell/backend/deepspeed.py": ["engine.load_checkpoint(directory, load_module_strict", "engine.load_checkpoint("
                                        "directory, load_optimizer_states=False"],
@@ -218,6 +218,8 @@ def _record_opens(monkeypatch, folder, record):
         return real_open(file, *args, **kwargs)
 
     def recording_os_open(file, *args, **kwargs):
+        if kwargs.get("dir_fd") is not None:  # opened relative to its folder's descriptor: where that folder is
+            file = os.path.join(os.readlink(f"/proc/self/fd/{kwargs['dir_fd']}"), file)
         if isinstance(file, (str, Path)) and str(folder) in str(file) and not os.path.isdir(file):
             record(file)
         return real_os_open(file, *args, **kwargs)

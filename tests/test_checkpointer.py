@@ -62,15 +62,17 @@ def test_the_rng_file_is_loaded_once_per_resume(tmp_path, monkeypatch):
 
     full = trainer()
     full.train()  # 12 batches an epoch: checkpoint-3 is mid-epoch, inside a log window
+    from trainwell.checkpoint import io
+
     loads = []
-    original = torch.load
+    original = io.CheckpointFiles.read
 
-    def counting_load(path, *args, **kwargs):
-        if os.path.basename(str(path)).startswith("rng_state"):
-            loads.append(str(path))
-        return original(path, *args, **kwargs)
+    def counting_read(self, name, *args, **kwargs):  # each file is read once and loaded from those bytes
+        if name.startswith("rng_state"):
+            loads.append(name)
+        return original(self, name, *args, **kwargs)
 
-    monkeypatch.setattr(torch, "load", counting_load)
+    monkeypatch.setattr(io.CheckpointFiles, "read", counting_read)
     resumed = trainer()
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
     assert len(loads) == 1, loads
@@ -190,11 +192,11 @@ def test_a_resume_is_found_once_per_train_call_and_each_file_parsed_once(tmp_pat
 
     trainer().train()
     finds, parsed = [], []
-    real_find, real_read = resume.Resume.find.__func__, io.read_json
+    real_find, real_read = resume.Resume.find.__func__, io.parse_json
     monkeypatch.setattr(resume.Resume, "find", classmethod(lambda cls, *a, **k: finds.append(a[0]) or
                                                            real_find(cls, *a, **k)))
-    monkeypatch.setattr(io, "read_json", lambda path, *a, **k: parsed.append(os.path.basename(path)) or
-                        real_read(path, *a, **k))
+    monkeypatch.setattr(io, "parse_json", lambda data, path: parsed.append(os.path.basename(path)) or
+                        real_read(data, path))
     trainer(max_steps=8).train(resume_from_checkpoint=True)
     assert finds == [True]
     assert sorted(parsed) == ["checkpoint_manifest.json", "trainer_state.json", "training_args.json"]

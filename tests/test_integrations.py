@@ -139,16 +139,14 @@ def test_a_failing_tracker_is_reported_once_and_training_goes_on(out_dir, caplog
 
 
 def test_a_file_logger_on_a_full_disk_does_not_stop_training(out_dir, monkeypatch, caplog):
-    import builtins
-
-    real_open = builtins.open
+    real_open = os.open  # the log is appended through trainwell.utils.safe_files (os.open, in its folder)
 
     def full_disk(path, *args, **kwargs):
         if str(path).endswith("logs.jsonl"):
             raise OSError(28, "No space left on device")
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "open", full_disk)
+    monkeypatch.setattr(os, "open", full_disk)
     with caplog.at_level(logging.ERROR, logger="trainwell.integrations"):
         trainer = _train(out_dir, report_to="jsonl")
     assert trainer.state.global_step == 6

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainwell.utils.safe_files import read_json
+from trainwell.utils.safe_files import read_json, write_file
 
 logger = logging.getLogger(__name__)
 
@@ -152,10 +152,7 @@ class TrainerState:
         leaves a truncated ``trainer_state.json``.
         """
         text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
-        tmp_path = f"{os.fspath(json_path)}.tmp"
-        with open(tmp_path, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp_path, json_path)
+        write_file(json_path, text)  # a fresh temporary name, then a rename: never through a link
 
     @classmethod
     def load_from_json(cls, json_path: str | os.PathLike[str]) -> TrainerState:

@@ -39,7 +39,6 @@ import faulthandler
 import json
 import logging
 import os
-import stat
 import statistics
 import sys
 import sysconfig
@@ -51,6 +50,7 @@ from typing import Any
 
 from trainwell.args.storage import local_output_dir
 from trainwell.backend.failures import _OPERATIONS, NewestCheckpoint, _names_from_frame, _resume_hint, _store, describe
+from trainwell.utils.safe_files import append_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -269,22 +269,14 @@ def _record_within(trainer: Any, quiet: float, stuck: list[int], reports: dict[i
 
 
 def _append_record(path: str, data: bytes) -> None:
-    """Append ``data`` to the regular file ``path`` (created if missing) in one ``write``: never through a link,
-    never waiting on a FIFO (``O_NONBLOCK``: opening one with no reader fails), nothing but a regular file written;
-    a failure is a warning (the stop itself is on stderr already)."""
-    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-             | getattr(os, "O_CLOEXEC", 0))
+    """Append ``data`` to the regular file ``path`` through the one appending helper (a link, a FIFO or anything
+    but a regular file is refused, never written through or waited on); a failure is a warning (the stop itself
+    is on stderr already)."""
     try:
-        fd = os.open(path, flags, 0o644)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(f"{path} is not a regular file")
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-    except OSError as err:
+        append_bytes(path, data)
+    except (OSError, ValueError) as err:  # ValueError: UnsafeFileError, a link or a FIFO at the record's name
         logger.warning("step_timeout: the stop is not recorded in %s (%s); the run report will not show it.", path,
-                       err.strerror or err)
+                       getattr(err, "strerror", None) or err)
 
 
 def _dump_stacks() -> None:

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwell.checkpoint.io import regular_path, safe_torch_load
+from trainwell.checkpoint.io import TENSOR_LIMIT, load_safetensors, safe_torch_load
 from trainwell.checkpoint.layout import ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME
 from trainwell.utils import model as model_utils
+from trainwell.utils.safe_files import read_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +67,8 @@ def read_adapter_weights(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"No adapter weights in {folder}: expected {ADAPTER_SAFE_WEIGHTS_NAME} or "
                                 f"{ADAPTER_WEIGHTS_NAME}.")
     if file.name == ADAPTER_SAFE_WEIGHTS_NAME:
-        from safetensors.torch import load_file
-
-        return load_file(regular_path(file, file.parent))  # a regular file, never through a link
+        # read once through the folder's descriptor (a regular file, never through a link), loaded from those bytes
+        return load_safetensors(read_bytes(file, TENSOR_LIMIT, file.parent), file)
     state = safe_torch_load(file, root=file.parent)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{file} does not hold a dict of tensors (found {type(state).__name__}): it is not a peft "

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from trainwell.args.storage import local_output_dir
 from trainwell.checkpoint import contents, disks, manifest, pieces, store
+from trainwell.checkpoint import lock as output_lock
 from trainwell.checkpoint.background import BackgroundWriter, HostStaging
 from trainwell.checkpoint.contents import Phase
 from trainwell.checkpoint.finite import check_finite_weights
@@ -51,6 +52,7 @@ from trainwell.checkpoint.layout import (
 )
 from trainwell.checkpoint.resume import Resume, RunPlan
 from trainwell.utils import filehash
+from trainwell.utils.safe_files import check_writable
 
 if TYPE_CHECKING:
     from trainwell.checkpoint.contents import Owner
@@ -121,6 +123,8 @@ class Checkpointer:
             disks.check(placement, args, runtime.engine.every_process_writes, runtime.is_main_process,
                         one_folder=runtime.engine.one_folder)
         if args.should_save:
+            if output_lock.writes(args):  # a read-only disk: named now, not at the first save
+                check_writable(local_output_dir(args))
             clean_temporary(local_output_dir(args))
             if remote is not None:  # a missing bucket or refused credentials are said before the first step
                 remote.check()
@@ -331,8 +335,10 @@ class Checkpointer:
             if piece.name in _WITHOUT:
                 logger.warning("%s has no %s: %s.", files.path, name, _WITHOUT[piece.name])
             return None
-        return piece.read(files.path / name, files.path) if piece.read is not None else safe_torch_load(
-            files.path / name, root=files.path)
+        data = files.read(name)  # read once, through the folder's descriptor, checked against the manifest
+        if piece.read is not None:
+            return piece.read(files.path / name, data)
+        return safe_torch_load(files.path / name, data=data)
 
     def saved_rng(self, checkpoint: str) -> dict[str, Any] | None:
         """This process's saved RNG states in ``checkpoint`` (None without its file). The resumed checkpoint's file
@@ -341,8 +347,13 @@ class Checkpointer:
         if resumed and self._rng_read:
             return self._rng
         runtime = self.hooks.runtime
-        path = Path(checkpoint) / contents.piece_name("rng", runtime.process_index, runtime.num_processes)
-        saved = load_rng_file(path) if os.path.lexists(path) else None  # a link is named by the reader
+        name = contents.piece_name("rng", runtime.process_index, runtime.num_processes)
+        path = Path(checkpoint) / name
+        if resumed:  # read once through the checkpoint's descriptor, checked against its manifest
+            files = self.resume.files
+            saved = load_rng_file(path, files.read(name)) if files.has(name) or name in files.others else None
+        else:
+            saved = load_rng_file(path) if os.path.lexists(path) else None  # a link is named by the reader
         if resumed:
             self._rng, self._rng_read = saved, True
         return saved

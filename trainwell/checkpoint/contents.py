@@ -51,6 +51,7 @@ from trainwell.checkpoint.layout import (
 )
 from trainwell.utils import filehash
 from trainwell.utils import model as model_utils
+from trainwell.utils.safe_files import staged
 from trainwell.utils.seed import get_rng_state
 
 if TYPE_CHECKING:
@@ -138,9 +139,9 @@ class Piece:
     #: ``write(owner, piece, state, folder)`` writes ``state`` into the checkpoint folder (None: ``torch_save`` to
     #: :func:`own_file`)
     write: Callable[[Owner, Piece, Any, str], None] | None = None
-    #: ``read(path, root)``: a provider's saved state back from its file, a regular file inside the checkpoint
-    #: folder ``root`` (None: ``safe_torch_load``)
-    read: Callable[[Path, Path], Any] | None = None
+    #: ``read(path, data)``: a provider's saved state back from the bytes of its file at ``path``, read once through
+    #: the checkpoint folder's descriptor and checked against the manifest (None: ``safe_torch_load`` of them)
+    read: Callable[[Path, bytes], Any] | None = None
     #: its state is this process's part of a model the engine shards: under such an engine (FSDP2, tensor
     #: parallelism, DeepSpeed: ``Engine.every_process_writes``) every process writes its own file (``{stem}_{rank}``),
     #: elsewhere the writer processes write the one file (every process holds the same state)
@@ -363,7 +364,8 @@ def save_model_files(owner: Owner, output_dir: str, state_dict: dict | None = No
         save_model_weights(model_utils.unwrap(owner.model), output_dir, state_dict=state_dict)
     processing = owner.processing_class or getattr(owner.data_collator, "tokenizer", None)
     if processing is not None and hasattr(processing, "save_pretrained"):
-        processing.save_pretrained(output_dir)
+        with staged(output_dir) as stage:  # renamed into place: never written through a planted link
+            processing.save_pretrained(str(stage))
     write_json(owner.args.to_dict(), os.path.join(output_dir, TRAINING_ARGS_NAME))
     recorder = filehash.recording_for(os.path.join(output_dir, TRAINING_ARGS_NAME))
     if recorder is not None and owner.runtime.num_processes == 1:

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trainwell.utils.safe_files import write_file
+
 logger = logging.getLogger(__name__)
 
 PROBE_PREFIX = ".trainwell-disk-"
@@ -60,7 +62,7 @@ def probe(output_dir: str, should_save: bool, gather: Callable[[Any], list[Any]]
         token = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
             os.makedirs(output_dir, exist_ok=True)
-            open(os.path.join(output_dir, token), "wb").close()
+            write_file(os.path.join(output_dir, token), b"")
         except OSError as err:  # a read-only folder: the save itself will say what is wrong
             logger.debug("Could not create %s in %s: %s", token, output_dir, err)
             token = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from trainwell.checkpoint import manifest
 from trainwell.checkpoint.layout import (
     ADAPTER_SAFE_WEIGHTS_NAME,
     LEGACY_WEIGHTS_NAME,
@@ -35,9 +37,9 @@ from trainwell.checkpoint.layout import (
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
 )
-from trainwell.utils.filehash import open_for_write
+from trainwell.utils.filehash import FileRecord, open_for_write, record_of
 from trainwell.utils.model import is_peft_model
-from trainwell.utils.safe_files import kind_of, not_regular, open_regular, read_json
+from trainwell.utils.safe_files import kind_of, not_regular, parse_json, read_bytes, staged, write_file
 
 logger = logging.getLogger(__name__)
 
@@ -45,18 +47,24 @@ logger = logging.getLogger(__name__)
 #: the most bytes read of a checkpoint's JSON files (arguments, index, manifest); ``trainer_state.json`` may be larger
 JSON_LIMIT = 64 << 20
 _STATE_LIMIT = 1 << 30
+#: the most bytes read of a tensor file (weights, optimizer state): far above any one file a checkpoint holds
+TENSOR_LIMIT = 1 << 40
 
 
-def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu", root: str | os.PathLike | None = None) -> Any:
-    """``torch.load`` restricted to tensors and plain containers: a crafted pickle cannot run code. The file must be
-    a regular file (never a link, a FIFO or a device; with ``root``, inside it: ``trainwell.utils.safe_files``)."""
+def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu", root: str | os.PathLike | None = None,
+                    data: bytes | None = None) -> Any:
+    """``torch.load`` restricted to tensors and plain containers: a crafted pickle cannot run code. It loads
+    ``data`` (the file's bytes, read once by :meth:`CheckpointFiles.read`, and checked there), else the bytes of
+    ``path`` read through one descriptor (a regular file, never a link, a FIFO or a device; with ``root``, inside
+    it: ``trainwell.utils.safe_files``): the name is never opened again by the loader."""
     # A multi-process CPU run has device ``cpu:0``, which torch.load cannot map storages to: use plain "cpu".
     if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
         if torch.device(map_location).type == "cpu":
             map_location = "cpu"
+    if data is None:
+        data = read_bytes(path, TENSOR_LIMIT, root)
     try:
-        with open_regular(path, root) as fh:
-            return torch.load(fh, map_location=map_location, weights_only=True)
+        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         raise pickle.UnpicklingError(
             f"Refusing to load {path}: it holds objects other than tensors and plain containers, and unpickling "
@@ -67,7 +75,7 @@ def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu", root: st
         raise RuntimeError(f"{path} is corrupted or not a torch file ({type(err).__name__}: {err})") from err
 
 
-def load_rng_file(path: str | os.PathLike) -> dict[str, Any]:
+def load_rng_file(path: str | os.PathLike, data: bytes | None = None) -> dict[str, Any]:
     """Read an RNG state file with ``weights_only=True``, also accepting the reference Trainer's files.
 
     The reference pickles numpy's state as an ``ndarray``; building one needs exactly three numpy globals
@@ -81,7 +89,7 @@ def load_rng_file(path: str | os.PathLike) -> dict[str, Any]:
         from numpy.core.multiarray import _reconstruct
     allowed.append(_reconstruct)
     with torch.serialization.safe_globals(allowed):
-        saved = safe_torch_load(path, map_location="cpu")
+        saved = safe_torch_load(path, map_location="cpu", data=data)
     if not isinstance(saved, dict):
         raise ValueError(f"{path} holds a {type(saved).__name__}, not the dictionary of RNG states trainwell and the "
                          "reference write. Delete it to resume without the RNG states (random draws then differ).")
@@ -91,13 +99,21 @@ def load_rng_file(path: str | os.PathLike) -> dict[str, Any]:
 class CheckpointFiles:
     """A checkpoint folder, listed once: its regular files (relative POSIX names, with their sizes, subfolders
     included), the other entries (links, FIFOs, devices: :attr:`others`, which nothing reads), and its JSON files,
-    each read (bounded, as a regular file inside the folder) and parsed once, whoever asks."""
+    each read (bounded, as a regular file inside the folder) and parsed once, whoever asks.
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    Every file is read by :meth:`read`: opened once, relative to a descriptor of its folder, and its bytes checked
+    against the folder's manifest (size; checksum too when ``checksums``) before anyone parses or loads them. What
+    is loaded is what was checked: a file swapped for another (a link, a same-size file) between a check and a load
+    cannot be loaded, since there is no second open. ``checksums`` None: the bytes are not compared with the
+    manifest (a folder listed only to look at it)."""
+
+    def __init__(self, path: str | os.PathLike, checksums: bool | None = True) -> None:
         self.path = Path(path)
+        self.checksums = checksums
         self.sizes: dict[str, int] = {}
         self.others: dict[str, str] = {}  #: name -> what it is ("a symbolic link", "a FIFO", ...)
         self._parsed: dict[str, Any] = {}
+        self._records: dict[str, FileRecord] | None = None
         if self.path.is_dir():
             self._scan(self.path, "")
 
@@ -116,14 +132,45 @@ class CheckpointFiles:
         """Whether ``name`` is a regular file of the folder."""
         return name in self.sizes
 
+    def read(self, name: str, limit: int = TENSOR_LIMIT) -> bytes:
+        """The bytes of the regular file ``name`` (a relative POSIX name), read through one descriptor opened
+        relative to the folder's (``trainwell.utils.safe_files.open_fd``), at most ``limit`` bytes; when the
+        manifest lists it, those bytes are compared with its record (size, and checksum unless ``checksums`` is
+        False). ValueError naming the file when it is not a regular file, too large, or not what the manifest
+        recorded; OSError (a missing file) passes through."""
+        path = self.path / name
+        if name in self.others:
+            raise not_regular(path, self.others[name])
+        expected = self._manifest_records().get(name) if self.checksums is not None else None
+        data = read_bytes(path, limit if expected is None else min(limit, expected.size), self.path)
+        if expected is not None and len(data) != expected.size:
+            raise ValueError(f"{path} is {len(data)} bytes where the checkpoint's manifest says {expected.size}: the "
+                             "file was truncated or replaced after the checkpoint was written.")
+        if expected is not None and self.checksums and record_of(data).digest != expected.digest:
+            raise ValueError(f"{path} does not match its checksum in the checkpoint's manifest: its bytes changed "
+                             "after the checkpoint was written (a damaged disk, a copy or sync tool, an edit, or a "
+                             "file swapped in). Resume from another checkpoint.")
+        return data
+
+    def _manifest_records(self) -> dict[str, FileRecord]:
+        """The manifest's records, read once (empty without a usable manifest: what is wrong with it is
+        ``trainwell.checkpoint.resume``'s to say)."""
+        if self._records is None:
+            self._records = {}
+            if self.has(manifest.MANIFEST_NAME):
+                try:
+                    self._records = manifest.records_of(self.json(manifest.MANIFEST_NAME))
+                except (OSError, ValueError):
+                    pass
+        return self._records
+
     def json(self, name: str) -> Any:
-        """The parsed content of the JSON file ``name``; ValueError (or OSError) naming it, the same each time."""
+        """The parsed content of the JSON file ``name`` (read by :meth:`read`); ValueError (or OSError) naming it,
+        the same each time."""
         if name not in self._parsed:
             limit = _STATE_LIMIT if name == "trainer_state.json" else JSON_LIMIT
             try:
-                if name in self.others:
-                    raise not_regular(self.path / name, self.others[name])
-                self._parsed[name] = read_json(self.path / name, limit, root=self.path)
+                self._parsed[name] = parse_json(self.read(name, limit), self.path / name)
             except (OSError, ValueError) as err:
                 self._parsed[name] = err
         value = self._parsed[name]
@@ -180,10 +227,10 @@ def torch_save(obj: Any, path: str | os.PathLike) -> None:
 
 
 def write_json(obj: Any, path: str | os.PathLike) -> None:
-    with writing(path), open(path, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    """``obj`` as indented JSON in ``path`` (``trainwell.utils.safe_files.write_file``: fsynced, renamed into
+    place, never written through a link)."""
+    with writing(path):
+        write_file(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def fsync_file(path: str | os.PathLike) -> None:
@@ -215,8 +262,12 @@ def save_model_weights(model: nn.Module, directory: str | os.PathLike, state_dic
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    # written into a fresh private folder, then renamed into place (``safe_files.staged``): the libraries write by
+    # name, and would write through a link planted under one of their names
     with writing(directory / (ADAPTER_SAFE_WEIGHTS_NAME if is_peft_model(model) else WEIGHTS_NAME)):
-        _write_weights(model, directory, state_dict)
+        with staged(directory) as stage:
+            _write_weights(model, stage, state_dict)
+        fsync_dir(directory)
 
 
 @contextlib.contextmanager
@@ -274,14 +325,15 @@ def _dedupe(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_model_weights(model: nn.Module, directory: str | os.PathLike, strict: bool = True) -> None:
+def load_model_weights(model: nn.Module, directory: str | os.PathLike, strict: bool = True,
+                       files: CheckpointFiles | None = None) -> None:
     """Load weights saved by :func:`save_model_weights` (or by the reference Trainer) into ``model``.
 
     Missing or unexpected keys raise when ``strict`` (naming them), and are warned about otherwise. Weights of
     another dtype than the model's are cast, as the reference casts them, but named in a warning (the reference
     says nothing): a float16 checkpoint resumed into a float32 model has lost precision already.
     """
-    state = read_model_weights(directory)
+    state = read_model_weights(directory, files)
     warn_other_dtypes(model, state, directory)
     result = model.load_state_dict(state, strict=False)
     # Tied weights saved once come back through the tie; they are not really missing.
@@ -316,22 +368,26 @@ def _dtype(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).replace("torch.", "")
 
 
-def read_model_weights(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+def read_model_weights(directory: str | os.PathLike, files: CheckpointFiles | None = None) -> dict[str, torch.Tensor]:
     """The full weights in ``directory``: ``model.safetensors``, its sharded index, or ``pytorch_model.bin``; each
-    file read only as a regular file of the folder (an index naming a file outside it is refused)."""
+    file read once, as a regular file of the folder, checked against the folder's manifest when it has one, and
+    loaded from those bytes (:meth:`CheckpointFiles.read`; an index naming a file outside it is refused).
+    ``files``: the folder as listed already (a resume's)."""
     directory = Path(directory)
-    from safetensors.torch import load_file
+    files = files if files is not None else CheckpointFiles(directory)
 
-    if os.path.lexists(directory / WEIGHTS_NAME):  # a link is there too, to be refused by name
-        return load_file(regular_path(directory / WEIGHTS_NAME, directory))
-    if os.path.lexists(directory / WEIGHTS_INDEX_NAME):
+    def there(name: str) -> bool:  # a link or a FIFO is there too, to be refused by name
+        return files.has(name) or name in files.others
+
+    if there(WEIGHTS_NAME):
+        return load_safetensors(files.read(WEIGHTS_NAME), directory / WEIGHTS_NAME)
+    if there(WEIGHTS_INDEX_NAME):
         state = {}
-        for shard in index_shards(read_json(directory / WEIGHTS_INDEX_NAME, JSON_LIMIT, root=directory),
-                                  directory / WEIGHTS_INDEX_NAME):
-            state.update(load_file(regular_path(directory / shard, directory)))
+        for shard in index_shards(files.json(WEIGHTS_INDEX_NAME), directory / WEIGHTS_INDEX_NAME):
+            state.update(load_safetensors(files.read(shard), directory / shard))
         return state
-    if os.path.lexists(directory / LEGACY_WEIGHTS_NAME):
-        return safe_torch_load(directory / LEGACY_WEIGHTS_NAME, root=directory)
+    if there(LEGACY_WEIGHTS_NAME):
+        return safe_torch_load(directory / LEGACY_WEIGHTS_NAME, data=files.read(LEGACY_WEIGHTS_NAME))
     raise FileNotFoundError(
         f"No model weights in {directory}: expected {WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} or {LEGACY_WEIGHTS_NAME}."
     )
@@ -351,11 +407,19 @@ def index_shards(index: Any, shown: str | os.PathLike) -> list[str]:
     return shards
 
 
-def regular_path(path: Path, root: Path) -> str:
-    """``path`` as a string for a loader that opens it by name, once it is known to be a regular file inside
-    ``root`` (checked through a descriptor opened without following links)."""
-    with open_regular(path, root):
-        return str(path)
+def load_safetensors(data: bytes, shown: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file from its bytes (read once by the caller: no name is opened here);
+    ValueError naming ``shown`` when they are not a safetensors file."""
+    from safetensors.torch import load
+
+    try:
+        views = load(data)
+    except Exception as err:  # safetensors raises its own SafetensorError, and others on crafted headers
+        raise ValueError(f"{shown} is not a readable safetensors file ({type(err).__name__}: {err})") from err
+    # load's tensors view immutable bytes objects: each is copied into memory of its own, its view freed as it goes.
+    # In name order: load's order is a hash map's, not the same in every process, and FSDP broadcasts full weights
+    # key by key in the dict's order (two orders: mismatched broadcasts, an abort in gloo)
+    return {name: views.pop(name).clone() for name in sorted(views)}
 
 
 def _is_tied_alias(model: nn.Module, key: str, loaded: dict[str, torch.Tensor]) -> bool:

@@ -64,11 +64,11 @@ def load_model(model: Any, files: CheckpointFiles, strict: bool = True) -> None:
     elif files.has(f"{sharded.MODEL_DIR}/{sharded.METADATA}"):
         sharded.load_model_shards(model, files.path)
     elif sharded.is_sharded(model):
-        weights = read_model_weights(files.path)
+        weights = read_model_weights(files.path, files)
         warn_other_dtypes(model, weights, files.path)
         sharded.load_full_state(model, weights)
     else:
-        load_model_weights(model, files.path, strict=strict)
+        load_model_weights(model, files.path, strict=strict, files=files)
 
 
 def load_optimizer_and_scheduler(owner: Owner, files: CheckpointFiles) -> None:
@@ -91,14 +91,15 @@ def load_optimizer_and_scheduler(owner: Owner, files: CheckpointFiles) -> None:
             return
         group_map, saved_groups = _load_full_optimizer_state(owner, files, optimizer_file)
     if files.has(SCHEDULER_NAME):
-        _load_scheduler(owner.lr_scheduler, safe_torch_load(scheduler_file, root=checkpoint), scheduler_file,
+        _load_scheduler(owner.lr_scheduler, safe_torch_load(scheduler_file, data=files.read(SCHEDULER_NAME)),
+                        scheduler_file,
                         group_map, saved_groups)
 
 
 def _load_full_optimizer_state(owner: Owner, files: CheckpointFiles, file: Path) -> tuple[list[int] | None, int]:
     """``optimizer.pt`` into the optimizer, its groups aligned with this run's and checked first; returns how the
     saved groups map onto this run's and how many were saved (for the scheduler's per-group lists)."""
-    saved = safe_torch_load(file, map_location=owner.runtime.device, root=files.path)
+    saved = safe_torch_load(file, map_location=owner.runtime.device, data=files.read(OPTIMIZER_NAME))
     inner = getattr(owner.optimizer, "optimizer", owner.optimizer)
     model = model_utils.unwrap(owner.model)
     saved_args = files.json_or_none(TRAINING_ARGS_NAME)
@@ -127,7 +128,7 @@ def load_scaler(owner: Owner, files: CheckpointFiles) -> None:
     if owner.precision.can_skip_steps and files.has(SCALER_NAME):
         file = files.path / piece_name("scaler")
         try:
-            owner.precision.load_state_dict(safe_torch_load(file, root=files.path))
+            owner.precision.load_state_dict(safe_torch_load(file, data=files.read(SCALER_NAME)))
         except (TypeError, KeyError, ValueError, AttributeError) as err:
             raise ValueError(f"{file} is not a loss scaler's state ({type(err).__name__}: {err}). Delete it to "
                              "restart the fp16 loss scale.") from None

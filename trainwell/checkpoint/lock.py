@@ -37,6 +37,8 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from trainwell.utils.safe_files import UNWRITABLE, UnsafeFileError, open_existing, unwritable
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock; the run goes on unlocked, with a warning
@@ -178,28 +180,19 @@ def _lock_file(output_dir: str) -> int | None:
 def _open_for_lock(path: str, output_dir: str) -> int:
     try:
         return _open_regular(path, output_dir, os.O_RDWR | os.O_CREAT)
-    except PermissionError as err:
-        raise PermissionError(f"output_dir {output_dir!r} cannot be written ({err.strerror}): the run could save "
-                              "nothing there. Pass an output_dir you can write to, or fix the folder's "
-                              "permissions.") from None
+    except OSError as err:
+        if err.errno not in UNWRITABLE:
+            raise
+        raise unwritable(output_dir, err) from None
 
 
 def _open_regular(path: str, output_dir: str, flags: int) -> int:
     """``path`` opened with ``flags``, never through a link and never blocking; :class:`UnusableLockError` naming it
     when it is not a regular file (nothing was read from it or written to it)."""
-    nofollow, nonblock = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(path, flags | nofollow | nonblock | getattr(os, "O_CLOEXEC", 0), 0o644)
-    except OSError as err:
-        if err.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EMLINK):
-            raise
+        return open_existing(path, flags)  # in place (a lock cannot be renamed), by trainwell's one writer
+    except UnsafeFileError:
         raise _unusable(path, output_dir, os.lstat(path).st_mode) from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise _unusable(path, output_dir, mode)
-    os.set_blocking(fd, True)
-    return fd
 
 
 def _unusable(path: str, output_dir: str, mode: int) -> UnusableLockError:

@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainwell.utils.filehash import ALGORITHM, FileRecord, hash_file, hash_stream
-from trainwell.utils.safe_files import UnsafeFileError, kind_of, open_regular, read_json
+from trainwell.utils.safe_files import UnsafeFileError, kind_of, open_regular, read_json, write_file
 
 #: the most bytes of a manifest read (about 100 bytes a file: a million files)
 LIMIT = 128 << 20
@@ -68,11 +68,7 @@ def write(folder: str | os.PathLike, records: Mapping[str, FileRecord]) -> None:
     """Write ``checkpoint_manifest.json`` into ``folder`` (fsynced)."""
     content = {"format": FORMAT, "version": VERSION, "checksum": ALGORITHM,
                "files": {name: {"size": r.size, ALGORITHM: f"{r.digest:016x}"} for name, r in records.items()}}
-    path = Path(folder) / MANIFEST_NAME
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(content, indent=1, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    write_file(Path(folder) / MANIFEST_NAME, json.dumps(content, indent=1, sort_keys=True) + "\n")
 
 
 def read(folder: str | os.PathLike) -> dict[str, FileRecord] | None:

@@ -30,7 +30,6 @@ import torch
 from trainwell.checkpoint.contents import CONTENTS, Owner, Phase, Piece, Staging, own_file
 from trainwell.checkpoint.io import writing
 from trainwell.utils.filehash import open_for_write
-from trainwell.utils.safe_files import open_regular
 
 _SUFFIXES = (".safetensors", ".pt", ".pth")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
@@ -117,12 +116,10 @@ def _write_safetensors(owner: Owner, piece: Piece, state: Any, folder: str) -> N
         fh.write(data)
 
 
-def _read_safetensors(path: Path, root: Path) -> dict[str, torch.Tensor]:
-    """A piece's safetensors file, read as a regular file of the checkpoint folder ``root``."""
+def _read_safetensors(path: Path, data: bytes) -> dict[str, torch.Tensor]:
+    """A piece's safetensors file from its ``data``, read once by the checkpointer and checked against the manifest."""
     from safetensors.torch import load
 
-    with open_regular(path, root) as fh:
-        data = fh.read()
     try:
         return load(data)
     except Exception as err:  # safetensors raises its own SafetensorError

@@ -134,9 +134,9 @@ class Resume:
         if gather is not None:  # even when this process does not resume: another may, and must not wait alone
             found, common = agreement.agree(asked, lambda: cls.find(resume_from_checkpoint, output_dir, checksums, None,
                                                                       candidates),
-                                            lambda path: _resumable_problem(CheckpointFiles(path), checksums,
-                                                                            checkpoint_step(path)), gather)
-            return cls(common) if common is not None else found
+                                            lambda path: _resumable_problem(CheckpointFiles(path, checksums),
+                                                                            checksums, checkpoint_step(path)), gather)
+            return cls(common, CheckpointFiles(common, checksums)) if common is not None else found
         if not asked:
             return None
         if resume_from_checkpoint is True:
@@ -149,7 +149,7 @@ class Resume:
                 )
             files = found
         else:
-            files = CheckpointFiles(str(resume_from_checkpoint))
+            files = CheckpointFiles(str(resume_from_checkpoint), checksums)
             reason = "it is not a folder" if not files.path.is_dir() else _resumable_problem(
                 files, checksums, checkpoint_step(files.path))
             if reason is not None:
@@ -536,7 +536,7 @@ def newest_resumable(folder: str | os.PathLike, checksums: bool = True, quiet: b
     fallback = None
     warn = logger.debug if quiet else logger.warning
     for step, path in (reversed(checkpoints(folder)) if found is None else found):
-        files = CheckpointFiles(path)
+        files = CheckpointFiles(path, checksums)
         reason = _resumable_problem(files, checksums, step)
         if reason is not None:
             warn("Skipping damaged checkpoint %s: %s", path, reason)

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ def read_config(path: str) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise CliError(f"config file {path!r} does not exist.")
-    text = file.read_text(encoding="utf-8")
+    text = _read_text(path)
     try:
         data = json.loads(text) if file.suffix.lower() == ".json" else load_yaml(text, path)
     except YamlError as err:
@@ -71,6 +72,34 @@ def read_config(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise CliError(f"{path}: the config must be a mapping of keys to values, got {type(data).__name__}.")
     return data
+
+
+#: the most bytes read of a config file (a config is a few kilobytes)
+CONFIG_LIMIT = 16 << 20
+
+
+def _read_text(path: str) -> str:
+    """The config file's text: opened once (as the user named it, a link followed), a regular file (never a FIFO,
+    which would block), at most :data:`CONFIG_LIMIT` bytes, UTF-8; ``CliError`` naming it otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise CliError(f"config file {path!r} cannot be read ({err.strerror}).") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CliError(f"config file {path!r} is not a regular file: pass a .yaml or .json file.")
+        if info.st_size > CONFIG_LIMIT:
+            raise CliError(f"config file {path!r} is larger than the {CONFIG_LIMIT:,} bytes a config may be: it is "
+                           "not a config file.")
+        os.set_blocking(fd, True)
+        data = fh.read(CONFIG_LIMIT + 1)
+    if len(data) > CONFIG_LIMIT:
+        raise CliError(f"config file {path!r} is larger than the {CONFIG_LIMIT:,} bytes a config may be.")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CliError(f"{path}: is not UTF-8 text ({err}).") from None
 
 
 def split_overrides(tokens: list[str]) -> list[tuple[str, list[str]]]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -107,7 +106,7 @@ def read_task(folder: str) -> tuple[Task, dict[str, Any]]:
         saved = read_json(file, _TASK_LIMIT, root=folder)
     except (OSError, ValueError) as err:
         raise CliError(f"{err}; {_NOT_A_RUN}.") from None
-    if not isinstance(saved, dict) or saved.get("task") not in TASKS:
+    if not isinstance(saved, dict) or not isinstance(saved.get("task"), str) or saved["task"] not in TASKS:
         found = saved.get("task") if isinstance(saved, dict) else saved
         raise CliError(f"{file}: task {found!r} is not one of {', '.join(TASKS)}; it was not written by "
                        "`trainwell train`.")
@@ -200,19 +199,28 @@ def _builtin(folder: str, note: dict[str, Any]) -> nn.Module:
 
 
 def _weight_shapes(folder: str) -> dict[str, tuple[int, ...]]:
-    """The tensors' shapes in the folder's ``model.safetensors`` (its header only: nothing else is read)."""
-    from safetensors import safe_open
-
-    from trainwell.checkpoint.io import WEIGHTS_NAME, regular_path
+    """The tensors' shapes in the folder's ``model.safetensors`` (its header only, read through one descriptor
+    opened relative to the folder's: nothing else is read, and the name is not opened again)."""
+    from trainwell.checkpoint.io import WEIGHTS_NAME
+    from trainwell.utils.safe_files import open_regular, parse_json
 
     path = os.path.join(folder, WEIGHTS_NAME)
     try:
-        with safe_open(regular_path(Path(path), Path(folder)), framework="pt") as weights:
-            return {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118
+        with open_regular(path, folder) as fh:
+            length = int.from_bytes(fh.read(8), "little")
+            if not 0 < length <= _HEADER_LIMIT:
+                raise CliError(f"{folder}: {WEIGHTS_NAME} is not a safetensors file (a header of {length} bytes).")
+            header = parse_json(fh.read(length), path)
+        return {key: tuple(value["shape"]) for key, value in header.items() if key != "__metadata__"}
+    except CliError:
+        raise
     except (OSError, ValueError) as err:
         raise CliError(f"{folder}: cannot read {WEIGHTS_NAME} ({err}).") from None
-    except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError for a damaged header
-        raise CliError(f"{folder}: {WEIGHTS_NAME} is not a safetensors file ({err}).") from None
+    except (TypeError, KeyError, AttributeError) as err:
+        raise CliError(f"{folder}: {WEIGHTS_NAME} is not a safetensors file ({type(err).__name__}: {err}).") from None
+
+
+_HEADER_LIMIT = 100 << 20  #: safetensors' own bound on a header
 
 
 def _transformers_model(folder: str, auto_class: str, trust_remote_code: bool) -> nn.Module:

@@ -17,11 +17,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 from typing import Any
 
 from trainwell.cli import CliError
 from trainwell.cli.config import ConfigPath
+from trainwell.utils.safe_files import staged, write_file
 
 TOKENIZER_KEYS = ("path", "pad_token", "eos_token")
 # Tried in order when the config names no pad / end-of-text token (the spellings common tokenizers use).
@@ -77,15 +77,14 @@ class TextTokenizer:
         """Write the tokenizer (as it was read: the file is copied) and ``extra_files`` into ``folder``."""
         os.makedirs(folder, exist_ok=True)
         if self.kind == "transformers":
-            self.backend.save_pretrained(folder)
+            with staged(folder) as stage:  # renamed into place: never written through a link planted in the folder
+                self.backend.save_pretrained(str(stage))
         else:
             target = os.path.join(folder, "tokenizer.json")
             if os.path.abspath(self.source) != os.path.abspath(target):
-                shutil.copyfile(self.source, target)
-        for name, content in self.extra_files.items():
-            with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
-                json.dump(content, f, indent=2)
-                f.write("\n")
+                with open(self.source, "rb") as source:  # the user's tokenizer file, as they named it
+                    write_file(target, source.read())  # never through a link planted at the target
+        _write_extra_files(folder, self.extra_files)
 
 
 class ByteTokenizer(TextTokenizer):
@@ -111,10 +110,14 @@ class ByteTokenizer(TextTokenizer):
 
     def save_pretrained(self, folder: str) -> None:
         os.makedirs(folder, exist_ok=True)
-        for name, content in self.extra_files.items():
-            with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
-                json.dump(content, f, indent=2)
-                f.write("\n")
+        _write_extra_files(folder, self.extra_files)
+
+
+def _write_extra_files(folder: str, files: dict[str, Any]) -> None:
+    """Each of ``files`` (``task.json``...) as indented JSON, by trainwell's one writer (a temporary name, then a
+    rename: a link planted under the name, to ``~/.bashrc`` say, is replaced, never written through)."""
+    for name, content in files.items():
+        write_file(os.path.join(folder, name), json.dumps(content, indent=2) + "\n")
 
 
 def _where(given: Any) -> str:

@@ -82,7 +82,10 @@ class DVCLiveCallback(TrackerCallback):
         folder = os.path.join(local_output_dir(args), name)
         save_model_weights(model, folder)
         if callable(getattr(processing_class, "save_pretrained", None)):
-            processing_class.save_pretrained(folder)
+            from trainwell.utils.safe_files import staged
+
+            with staged(folder) as stage:  # renamed into place: never written through a planted link
+                processing_class.save_pretrained(str(stage))
         self.live.log_artifact(folder, name=name, type="model", copy=True)
 
     def finish(self, args: Any, state: Any) -> None:

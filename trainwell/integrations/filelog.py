@@ -9,12 +9,14 @@ are appended to (a resumed run continues its file) and flushed at every log, so 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import time
 from typing import Any
 
 from trainwell.integrations.base import TrackerCallback, resolve_logging_dir
+from trainwell.utils.safe_files import append_bytes, read_bytes, write_file
 
 
 class _FileLogger(TrackerCallback):
@@ -42,8 +44,7 @@ class JsonlLoggerCallback(_FileLogger):
 
     def log_metrics(self, logs: dict[str, Any], step: int, args: Any, state: Any) -> None:
         line = json.dumps(self._record(logs, step, state), default=str)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        append_bytes(self.path, (line + "\n").encode("utf-8"))  # a regular file only: never through a link
 
 
 class CsvLoggerCallback(_FileLogger):
@@ -60,9 +61,9 @@ class CsvLoggerCallback(_FileLogger):
     def _existing(self) -> tuple[list[str], list[dict[str, str]]]:
         if not os.path.exists(self.path):
             return [], []
-        with open(self.path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            return list(reader.fieldnames or []), list(reader)
+        text = read_bytes(self.path, 1 << 30).decode("utf-8", errors="replace")  # a regular file, never a link
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        return list(reader.fieldnames or []), list(reader)
 
     def log_metrics(self, logs: dict[str, Any], step: int, args: Any, state: Any) -> None:
         record = self._record(logs, step, state)
@@ -72,11 +73,11 @@ class CsvLoggerCallback(_FileLogger):
         if new or not self._columns:
             _, rows = self._existing()
             self._columns = self._columns + new
-            tmp = self.path + ".tmp"
-            with open(tmp, "w", newline="", encoding="utf-8") as f:
-                writer = csv.DictWriter(f, fieldnames=self._columns)
-                writer.writeheader()
-                writer.writerows(rows)
-            os.replace(tmp, self.path)  # atomic: a crash mid-rewrite leaves the old file, never half of one
-        with open(self.path, "a", newline="", encoding="utf-8") as f:
-            csv.DictWriter(f, fieldnames=self._columns).writerow(record)
+            text = io.StringIO(newline="")
+            writer = csv.DictWriter(text, fieldnames=self._columns)
+            writer.writeheader()
+            writer.writerows(rows)
+            write_file(self.path, text.getvalue())  # atomic: a crash mid-rewrite leaves the old file, never half
+        row = io.StringIO(newline="")
+        csv.DictWriter(row, fieldnames=self._columns).writerow(record)
+        append_bytes(self.path, row.getvalue().encode("utf-8"))

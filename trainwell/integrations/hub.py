@@ -35,6 +35,7 @@ from trainwell.checkpoint.layout import TMP_PREFIX
 from trainwell.checkpoint.lock import LOCK_NAME
 from trainwell.loop.live_log import LIVE_LOG_NAME
 from trainwell.outputs import PREFIX_CHECKPOINT_DIR, HubStrategy
+from trainwell.utils.safe_files import copy_file
 
 logger = logging.getLogger(__name__)
 
@@ -215,9 +216,7 @@ def copy_model_files(checkpoint: str, output_dir: str) -> None:
     for name in names:
         source = os.path.join(checkpoint, name)
         if os.path.isfile(source):
-            target = os.path.join(output_dir, name)
-            shutil.copyfile(source, target + ".tmp")
-            os.replace(target + ".tmp", target)
+            copy_file(source, os.path.join(output_dir, name), checkpoint)  # replaced atomically, never through a link
 
 
 def _remove_stage(stage: Path) -> None:
@@ -234,7 +233,7 @@ def _link_or_copy(source: str, target: Path) -> None:
     try:
         os.link(source, target)
     except OSError:
-        shutil.copyfile(source, target)
+        copy_file(source, target)
 
 
 def _log_failure(done: futures.Future, what: str, output_dir: str) -> None:

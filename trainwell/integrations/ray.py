@@ -32,6 +32,7 @@ from trainwell.args.storage import local_output_dir
 from trainwell.checkpoint.layout import TMP_PREFIX, TRAINER_STATE_NAME, checkpoint_path
 from trainwell.events.callback import TrainerCallback
 from trainwell.outputs import PREFIX_CHECKPOINT_DIR
+from trainwell.utils.safe_files import copy_file
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ def _link_or_copy(source: str, target: str) -> str:
     try:
         os.link(source, target)
     except OSError:  # no hard links on this file system (or across devices): copy
-        shutil.copy2(source, target)
+        copy_file(source, target)
     return target
 
 

@@ -31,17 +31,16 @@ write (a read-only or full disk, a link planted at the name) warns once and stop
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import logging
 import math
 import os
-import secrets
-import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainwell.utils.safe_files import UnsafeFileError, append_bytes, write_file
 
 logger = logging.getLogger(__name__)
 
@@ -104,29 +103,13 @@ class LiveLog:
                            "shows the run from its checkpoints.", self.path, reason)
 
     def _append(self, data: bytes) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC | _NONBLOCK, 0o644)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(f"{self.path} is not a regular file")
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+            append_bytes(self.path, data)  # a regular file only: never through a link, never into a FIFO
+        except UnsafeFileError as err:  # said as the warning says it: "it is a symbolic link" / "not a regular file"
+            raise OSError(errno.ELOOP, str(err)) if "a symbolic link" in str(err) else OSError(str(err)) from None
 
     def _replace(self, data: bytes) -> None:
-        folder = os.path.dirname(self.path) or "."
-        os.makedirs(folder, exist_ok=True)
-        temp = os.path.join(folder, f".{LIVE_LOG_NAME}.{secrets.token_hex(6)}.tmp")
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(temp, self.path)  # replaces a link of that name, never follows it
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
+        write_file(self.path, data)  # a fresh temporary name, then a rename: replaces a link, never follows it
 
 
 # --- reading ---------------------------------------------------------------------------------------------------------

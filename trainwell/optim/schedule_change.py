@@ -72,12 +72,19 @@ def _quiet() -> Iterator[None]:
 def _warmup(value: Any, ratio: Any, total: int) -> int:
     """``warmup_steps`` as ``TrainingArguments.get_warmup_steps`` reads it (a number below 1 is a ratio of the total
     steps), or an older run's ``warmup_ratio``."""
-    steps = value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+    steps = value if _finite(value) else 0  # a crafted file's NaN or 1e999 counts as none
     if steps >= 1:
         return int(steps)
-    if not steps and isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 0:
+    if not steps and _finite(ratio) and ratio > 0:
         steps = ratio
     return math.ceil(total * steps)
+
+
+def _finite(value: Any) -> bool:
+    """A finite int or float (not a bool): what a ``training_args.json`` value must be to count."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return -1e300 < value < 1e300  # false for NaN and infinities; an int of 400 digits is not a float
 
 
 def schedule_of(args: Mapping[str, Any] | Any, total: int) -> Schedule | None:
@@ -87,7 +94,7 @@ def schedule_of(args: Mapping[str, Any] | Any, total: int) -> Schedule | None:
     kind = get("lr_scheduler_type", "linear")
     kind = getattr(kind, "value", kind)
     peak = get("learning_rate")
-    if kind not in _KIND_NAMES or not isinstance(peak, (int, float)) or isinstance(peak, bool):
+    if not isinstance(kind, str) or kind not in _KIND_NAMES or not _finite(peak):
         return None
     options = get("lr_scheduler_kwargs") or {}
     options = dict(options) if isinstance(options, Mapping) else {}

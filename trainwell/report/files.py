@@ -15,33 +15,25 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from trainwell.utils.safe_files import SafeFolder
+from trainwell.utils.safe_files import SafeFolder, UnsafeFileError, open_fd
 
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,79}")
 _HASHED = re.compile(r"-[0-9a-f]{8}")  # the tail of a hashed name: a plain name ending so is hashed too
 _UNSAFE_RUN = re.compile(r"[^A-Za-z0-9_.+-]+")
 _SLUG = 48
-_READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-               | getattr(os, "O_CLOEXEC", 0))
 
 
 def _open_checked(path: str | os.PathLike[str]) -> int:
+    """One open, relative to a descriptor of the file's folder, checked with ``fstat`` (``safe_files.open_fd``)."""
     try:
-        fd = os.open(path, _READ_FLAGS)
+        return open_fd(path)
+    except UnsafeFileError as err:  # a link, a FIFO, a folder: named
+        raise ValueError(str(err)) from None
     except OSError as err:
         raise ValueError(f"{path}: cannot open it ({err.strerror or err}); a symbolic link is not followed") from None
-    try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-    except OSError:
-        regular = False
-    if not regular:
-        os.close(fd)
-        raise ValueError(f"{path} is not a regular file")
-    return fd
 
 
 def open_regular(path: str | os.PathLike[str]) -> int | None:

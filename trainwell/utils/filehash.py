@@ -22,6 +22,8 @@ from typing import Any, BinaryIO, NamedTuple
 
 import xxhash
 
+from trainwell.utils.safe_files import open_write
+
 ALGORITHM = "xxh3_64"
 
 _CHUNK = 16 * 1024 * 1024
@@ -84,6 +86,11 @@ class HashingFile:
 
     def record(self) -> FileRecord:
         return FileRecord(self.size, self._hash.intdigest())
+
+
+def record_of(data: bytes) -> FileRecord:
+    """Size and checksum of ``data`` (a file's bytes, read once)."""
+    return FileRecord(len(data), xxhash.xxh3_64_intdigest(data))
 
 
 def hash_file(path: str | os.PathLike) -> FileRecord:
@@ -182,10 +189,11 @@ def recording_for(path: str | os.PathLike) -> Recording | None:
 
 @contextlib.contextmanager
 def open_for_write(path: str | os.PathLike) -> Iterator[Any]:
-    """``open(path, "wb")``, checksummed as written when ``path`` lies in a recorded folder; the data is flushed
-    and fsynced before the block ends, so the record describes what is on disk."""
+    """``path`` written through ``trainwell.utils.safe_files.open_write`` (a fresh temporary name, renamed onto
+    ``path`` when the block ends: never through a link), checksummed as written when ``path`` lies in a recorded
+    folder; the data is flushed and fsynced before the rename, so the record describes what is on disk."""
     target = recording_for(path)
-    with open(path, "wb") as raw:
+    with open_write(path) as raw:
         sink: Any = HashingFile(raw) if target is not None else raw
         yield sink
         if not raw.closed:  # a writer may close it itself (DCP's does), after syncing
