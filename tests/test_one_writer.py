@@ -29,6 +29,8 @@ ALLOWED = {
     # the libraries' own writers (save_pretrained, safetensors), called on a fresh private folder that
     # ``safe_files.staged`` renames into place
     ("trainwell/checkpoint/io.py", "_write_weights"): "save_pretrained save_model save_file",
+    # contents.save_model calling itself with the staging folder of an object-store output_dir (not a writer)
+    ("trainwell/checkpoint/contents.py", "save_model"): "save_model",
 }
 
 _WRITE_MODE = set("wax+")

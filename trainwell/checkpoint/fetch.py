@@ -41,7 +41,7 @@ import torch.distributed as dist
 from trainwell.checkpoint import manifest
 from trainwell.checkpoint.io import AtomicDirectory, remove_entry
 from trainwell.utils import filehash
-from trainwell.utils.safe_files import UnsafeFileError, open_regular, read_bytes
+from trainwell.utils.safe_files import UnsafeFileError, open_regular, read_bytes, write_file
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def _one_per_disk(path: str, receiving: bool, sending: bool, gather: Gather) -> 
         token = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
             os.makedirs(parent, exist_ok=True)
-            open(parent / token, "xb").close()
+            write_file(parent / token, b"")
         except OSError:  # a folder it cannot write to: it receives nothing, and its check afterwards says so
             token = None
     tokens = gather((token, sending))  # a collective on every process, so none may raise before it
@@ -233,10 +233,7 @@ def _receive(final: Path, raw: bytes, records: dict[str, filehash.FileRecord], s
             f"{wrong[0]} arrived with other bytes than its checksum in the manifest: it changed on the sending "
             "process's disk after the checkpoint was written.")
     try:
-        with open(tmp / manifest.MANIFEST_NAME, "wb") as fh:  # last: what makes the folder a checkpoint
-            fh.write(raw)
-            fh.flush()
-            os.fsync(fh.fileno())
+        write_file(tmp / manifest.MANIFEST_NAME, raw)  # last: what makes the folder a checkpoint (fsynced, renamed)
         atomic.publish()
     except OSError as err:
         remove_entry(tmp)

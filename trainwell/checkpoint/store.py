@@ -30,6 +30,7 @@ from trainwell.args.storage import is_url, local_output_dir, staging_dir_for
 from trainwell.checkpoint import manifest
 from trainwell.checkpoint.layout import checkpoint_step, checkpoints_to_delete
 from trainwell.utils.filehash import hash_file
+from trainwell.utils.safe_files import write_file
 
 logger = logging.getLogger(__name__)
 
@@ -273,12 +274,7 @@ def _download(fs: Any, remote: str, path: Path) -> None:
 
 def _write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
-    with open(part, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(part, path)
+    write_file(path, data)  # a fresh name, fsynced, then renamed: never through a link planted at ``path``
 
 
 def failure(where: str, doing: str, err: BaseException, staged: Path | None = None, checkpoint: bool = True) -> str:
