@@ -52,8 +52,8 @@ def killed_at_eight(tmp_path_factory):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("processes", [4, 2])
-def test_eight_processes_killed_resume_at_fewer_with_every_sample_once(killed_at_eight, processes):
+@pytest.mark.parametrize("processes", [8, 4, 2])
+def test_eight_processes_killed_resume_at_eight_or_fewer_with_every_sample_once(killed_at_eight, processes):
     runs, record = killed_at_eight, killed_at_eight.root / "record"
     shutil.copytree(runs.workdir("eight"), runs.workdir(f"at{processes}"))  # its own copy of the run folder
     checkpoint = runs.workdir(f"at{processes}") / "checkpoint-4"
