@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainwell.backend import stall
 from trainwell.backend.runtime import RUNTIME_ATTRIBUTES, attach_runtime  # noqa: F401  (the Trainer's)
 from trainwell.checks import checked_callbacks
 from trainwell.data import loaders
@@ -241,6 +242,7 @@ def set_run_attributes(trainer: Any) -> None:
     trainer.current_gradient_accumulation_steps = 1
     trainer.micro_batch_loss_scale = None
     trainer.training_run = None
+    trainer.heartbeat = stall.Heartbeat()  # this run's progress counter, read by its step_timeout watchdog
     trainer._pending_rollback = None  # rollback_on_spike: what the next train() attempt records
     # decided once, not per micro-batch: an override may predate the reference's num_items_in_batch
     trainer._loss_takes_items = model_utils.accepts_keyword(trainer.compute_loss, "num_items_in_batch")

@@ -14,7 +14,6 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from trainwell.backend.runtime import mean_loss_sum
-from trainwell.backend.stall import HEART
 from trainwell.events.monitor import greater_is_better, is_improvement, metric_key
 from trainwell.loop.metric_checks import is_metric_number
 from trainwell.optim.schedulers import steps_on_metrics
@@ -92,9 +91,9 @@ def maybe_log_save_evaluate(
         if hooks.control.should_save:
             if guard is not None:
                 guard.settle_now()  # skipped steps move the schedule back before it is saved (docs/resilience.md)
-            HEART.beats += 1  # step_timeout: a save is progress, at its start and at its end
+            hooks.heartbeat.beats += 1  # step_timeout: a save is progress, at its start and at its end
             hooks._save_checkpoint(model, trial)
-            HEART.beats += 1
+            hooks.heartbeat.beats += 1
             hooks.control = hooks.callback_handler.on_save(hooks.args, hooks.state, hooks.control)
 
 

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from trainwell.args.trackers import wants_live_log
 from trainwell.backend.runtime import gather_loss_sum
-from trainwell.backend.stall import HEART
 from trainwell.checkpoint.contents import Phase
 from trainwell.data.train_loader import TrainFeed
 from trainwell.loop.epochs import EpochIterator
@@ -220,7 +219,7 @@ class FitLoop:
         after the last of a skipped range the log window starts afresh."""
         state = self.hooks.state
         state.global_step += 1
-        HEART.beats += 1  # step_timeout: a batch read and passed over is progress
+        self.hooks.heartbeat.beats += 1  # step_timeout: a batch read and passed over is progress
         state.epoch = epoch + epochs.consumed / self.run.plan.steps_in_epoch
         if not self.skips.skips(state.global_step + 1):
             self.skips.advance(state.global_step)

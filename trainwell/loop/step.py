@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainwell.backend.stall import HEART
 from trainwell.loop.accumulation import count_items, loss_factors, uncounted_factors
 from trainwell.loop.guard import StepGuard
 from trainwell.optim.schedulers import steps_on_metrics
@@ -67,6 +66,7 @@ class OptimizerStep:
         self.max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
         # The engine's parts of a step, bound once: a micro-batch's context, and dropping the gradients after it
         self.micro_batch, self.drop_gradients = runtime.engine.micro_batch, runtime.engine.drop_gradients
+        self.heart = hooks.heartbeat  # the run's progress counter (step_timeout's watchdog reads it)
         #: an override of training_step written to the reference's older (model, inputs) signature
         self.step_takes_items = accepts_keyword(hooks.training_step, "num_items_in_batch")
         # The default floating_point_ops adds 0 for a model that reports no size: skip calling it then.
@@ -102,7 +102,7 @@ class OptimizerStep:
             self._fire("on_step_begin")
         else:
             hooks.control._new_step()  # the flag reset the handler would do, without the dispatch
-        heart = HEART  # step_timeout's progress counter: a plain int add per micro-batch
+        heart = self.heart  # step_timeout's progress counter: a plain int add per micro-batch
         for i, inputs in enumerate(batches):
             heart.beats += 1
             hooks.micro_batch_loss_scale = factors[i] if factors is not None else None
