@@ -266,7 +266,8 @@ class StopWhen(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(0.05)
-        control.should_training_stop = self.event.is_set()
+        if self.event.is_set():  # (never cleared: the flow callback sets it at max_steps)
+            control.should_training_stop = True
 
 
 def test_two_trainings_in_two_threads_each_have_their_own_heartbeat(tmp_path, monkeypatch):

@@ -59,11 +59,12 @@ def maybe_log_save_evaluate(
 ) -> None:
     """Log the loss since the last log, evaluate, then save, each when its control flag is set."""
     control, state = hooks.control, hooks.state
-    throughput = getattr(hooks.training_run, "throughput", None)  # log_throughput's window in progress
-    guard = getattr(hooks.training_run, "guard", None)  # skip_nonfinite_steps: its count joins the log's one read
+    run = hooks.training_run
+    throughput = run.throughput  # log_throughput's window in progress
+    applier = run.applier  # skip_nonfinite_steps: its count joins the log's one read
     if control.should_log and state.global_step > tr_loss.last_logged_step:
-        extras = (grad_norm,) if guard is None else (grad_norm, guard.unread())
-        loss_sum, grad_norm, *skips = tr_loss.read_window(lambda total: mean_loss_sum(hooks.runtime, total), *extras)
+        loss_sum, grad_norm, skips = tr_loss.read_window(lambda total: mean_loss_sum(hooks.runtime, total), grad_norm,
+                                                         applier.unread())
         # a window with no finite loss logs NaN (LossTracker.read_window) but adds 0 to train_loss, as the reference
         tr_loss.logged_total += loss_sum if loss_sum == loss_sum or not tr_loss.nan_inf_filter else 0.0
         logs: dict[str, float] = {"loss": loss_sum / (state.global_step - tr_loss.last_logged_step)}
@@ -71,7 +72,7 @@ def maybe_log_save_evaluate(
             logs["grad_norm"] = grad_norm
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
-        skipped = guard.settle(skips[0], for_log=True) if guard is not None else 0
+        skipped = applier.settle(skips, for_log=True)
         if skipped:
             logs["skipped_nonfinite_steps"] = skipped
         if throughput is not None:
@@ -89,8 +90,7 @@ def maybe_log_save_evaluate(
             if hooks.args.save_strategy == "best":
                 hooks.control.should_save = is_new_best
         if hooks.control.should_save:
-            if guard is not None:
-                guard.settle_now()  # skipped steps move the schedule back before it is saved (docs/resilience.md)
+            applier.settle_now()  # skipped steps move the schedule back before it is saved (docs/resilience.md)
             hooks.heartbeat.beats += 1  # step_timeout: a save is progress, at its start and at its end
             hooks._save_checkpoint(model, trial)
             hooks.heartbeat.beats += 1

@@ -83,8 +83,7 @@ class FitLoop:
             checkpointer.wait()  # save_async: the last checkpoint is published before the best one is reloaded
         finally:
             checkpointer.finish_quietly()  # training failed: still let a checkpoint in flight reach the disk
-            if self.step.guard is not None:
-                self.step.guard.close()
+            run.applier.close()
         return self._finish()
 
     def _begin(self, plan: StepPlan, model: Any) -> tuple[int, int]:
@@ -183,6 +182,7 @@ class FitLoop:
         checkpointer.register("pending_batch", epochs.pending_provider)
         checkpointer.register("epoch_samples", epochs.samples_provider)
         checkpointer.register("log_window", run.log_window)
+        checkpointer.register("skipped_steps", run.applier)  # skip_nonfinite_steps' count read at a save
         if feed.position is not None:  # a stateful IterableDataset's position
             checkpointer.register("data_position", feed.position)
 
@@ -252,7 +252,7 @@ class FitLoop:
         hooks.store_flos()
         metrics["total_flos"] = state.total_flos
         metrics["train_loss"] = train_loss
-        skipped = self.step.guard.finish() if self.step.guard is not None else 0
+        skipped = run.applier.finish()
         if skipped:  # skip_nonfinite_steps: every step this call did not apply
             metrics["skipped_nonfinite_steps"] = skipped
         if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:

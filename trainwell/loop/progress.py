@@ -22,6 +22,7 @@ import torch
 
 from trainwell.backend.runtime import gather_loss_sum
 from trainwell.checkpoint.checkpointer import Provider
+from trainwell.loop.guard import StepGuard, step_applier
 from trainwell.loop.rollback import SpikeWatch
 from trainwell.utils.throughput import ThroughputWindow, non_embedding_parameters, peak_flops
 
@@ -201,8 +202,9 @@ class TrainingRun:
         self.initial_global_step = state.global_step
         self.initial_tokens_seen = state.num_input_tokens_seen
         self.losses = LossTracker(runtime.device, args.logging_nan_inf_filter, last_logged_step=state.global_step)
-        #: ``skip_nonfinite_steps``'s guard (``trainwell.loop.guard.StepGuard``), set by the optimizer step
-        self.guard: Any = None
+        #: how an optimizer step is applied: plainly, loss-scaled, or guarded (``skip_nonfinite_steps``), bound once
+        self.applier = step_applier(hooks, self.losses)
+        self.losses.guarded = isinstance(self.applier, StepGuard)
         #: ``rollback_on_spike``'s watch over the logged loss (``trainwell.loop.rollback.SpikeWatch``; None: off)
         self.spikes = SpikeWatch(args.rollback_on_spike) if args.rollback_on_spike is not None else None
         #: the log window in progress, as a checkpoint keeps it: its loss sum averaged over processes (a collective,
@@ -221,18 +223,19 @@ class TrainingRun:
         #: the run folder's live log (``trainwell.loop.live_log``), on the process that saves; set by the fit loop
         self.live_log: LiveLog | None = None
 
+    @property
+    def guard(self) -> StepGuard | None:
+        """``skip_nonfinite_steps``' guard, for inspection (None: the steps are not guarded)."""
+        return self.applier if isinstance(self.applier, StepGuard) else None
+
     def _window(self, mean_over_processes: Any) -> dict[str, Any]:
-        window = self.losses.window(mean_over_processes)
-        if self.guard is not None and self.guard.pending:  # skipped steps the next log reports
-            window["skipped_nonfinite_steps"] = self.guard.pending
-        return window
+        return self.losses.window(mean_over_processes)
 
     def _continue_window(self, saved: Any) -> None:
         if isinstance(saved, dict):  # anything else is not a log window trainwell wrote: the window starts afresh
             self.losses.restore_window(saved)
-            skipped = saved.get("skipped_nonfinite_steps")
-            if self.guard is not None and isinstance(skipped, int) and skipped > 0:
-                self.guard.pending = skipped
+            # a checkpoint written before the guard's count had its own row ("skipped_steps") kept it here
+            self.applier.load_state_dict(saved.get("skipped_nonfinite_steps"))
 
     def count_tokens(self, inputs: Any) -> None:
         """Add one micro-batch's input tokens (``include_num_input_tokens_seen``) to the pending count."""

@@ -9,8 +9,10 @@ backward, is ``Trainer.training_step``). For each window:
 2. run ``trainer.training_step`` per micro-batch in the engine's micro-batch context (all but the last
    without a gradient all-reduce, one per window; under DeepSpeed the last is marked as the window's
    boundary), adding each returned loss to the run's ``LossTracker``;
-3. clip (unscaling fp16 gradients), ``optimizer.step()``, step the scheduler unless the step was skipped
-   (fp16 overflow) or the scheduler follows evaluation metrics, and let the engine drop the gradients.
+3. clip (unscaling fp16 gradients), apply the step through the run's step applier (``trainwell.loop.guard``: the
+   plain step, the loss-scaled one, or ``skip_nonfinite_steps``' guard, bound once), step the scheduler unless the
+   step was skipped (fp16 overflow) or the scheduler follows evaluation metrics, and let the engine drop the
+   gradients.
    DeepSpeed has done its clip, step and zeroing in the boundary's backward already: its optimizer's ``step``
    is a no-op, the norm is the one it measured, and its engine leaves the gradients alone.
 
@@ -27,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainwell.loop.accumulation import count_items, loss_factors, uncounted_factors
-from trainwell.loop.guard import StepGuard
 from trainwell.optim.schedulers import steps_on_metrics
 from trainwell.utils.model import accepts_keyword
 
@@ -62,7 +63,7 @@ class OptimizerStep:
         self.shift_labels = hooks.model_info.shifts_labels
         # Trainable parameters, listed once: clipping and zeroing then skip the module-tree walk per step.
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.scheduler_on_metrics = steps_on_metrics(hooks.lr_scheduler)
+        self.steps_schedule = not steps_on_metrics(hooks.lr_scheduler)
         self.max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
         # The engine's parts of a step, bound once: a micro-batch's context, and dropping the gradients after it
         self.micro_batch, self.drop_gradients = runtime.engine.micro_batch, runtime.engine.drop_gradients
@@ -75,11 +76,9 @@ class OptimizerStep:
         self.grad_norm: Any = None
         self.learning_rate: float | None = None
         self.listening: dict[str, bool] = {}
-        #: ``skip_nonfinite_steps`` (None: off); the log/save boundary reads its count through the run
-        self.guard = run.guard = StepGuard.of(hooks, run.losses)
-        # the device path's view of the window's loss (the host path asks the loss tracker instead)
-        self.sums_loss = self.guard is not None and self.guard.with_loss and not self.guard.on_host
-        run.losses.guarded = self.guard is not None
+        #: how the step is applied (the run's, bound once: ``trainwell.loop.guard``)
+        self.applier = run.applier
+        self.sums_loss = self.applier.needs_window_loss  # the guard's device path reads the window's summed loss
         self.window_loss: Any = None
 
     def listen(self) -> None:
@@ -141,18 +140,13 @@ class OptimizerStep:
 
     def _optimizer_step(self) -> None:
         hooks = self.hooks
-        guard = self.guard
         self.grad_norm = self.precision.clip_grad_norm_(self.params, self.max_norm)
         if self.listening["on_pre_optimizer_step"]:
             self._fire("on_pre_optimizer_step")
-        if guard is None or guard.scaler_skips or guard.decide(self.grad_norm, self.window_loss):
-            hooks.optimizer.step()
-        skipped = self.precision.can_skip_steps and self.precision.step_was_skipped  # fp16 overflow
-        if guard is not None and guard.undoes:
-            guard.after_step(skipped)
+        skipped = self.applier.apply(self.grad_norm, self.window_loss)  # True: a loss scaler's skip (fp16 overflow)
         if self.listening["on_optimizer_step"]:
             self._fire("on_optimizer_step")
         self.learning_rate = hooks._get_learning_rate()
-        if not self.scheduler_on_metrics and not skipped:
+        if self.steps_schedule and not skipped:
             hooks.lr_scheduler.step()
         self.drop_gradients(self.params)
