@@ -134,8 +134,6 @@ class TrainerHooks(Protocol):
     #: the run's progress counter: the loops add one per micro-batch, optimizer step, evaluation batch and save end;
     #: ``step_timeout``'s watchdog reads it (one per Trainer: two trainings in one process never share one)
     heartbeat: Heartbeat
-    #: ``rollback_on_spike``: the record the next ``train()`` attempt appends to the state it resumes (None: none)
-    _pending_rollback: dict[str, Any] | None
 
 
 def hook_methods() -> list[str]:

@@ -20,12 +20,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainwell.args.trackers import wants_live_log
 from trainwell.backend import stall
 from trainwell.backend.runtime import RUNTIME_ATTRIBUTES, attach_runtime  # noqa: F401  (the Trainer's)
 from trainwell.checks import checked_callbacks
 from trainwell.data import loaders
 from trainwell.events.handler import CallbackHandler
 from trainwell.events.progress import apply_log_level
+from trainwell.loop.live_log import LiveLogCallback
+from trainwell.loop.rollback import SpikeWatch
 from trainwell.utils import model as model_utils
 from trainwell.utils import quantization
 from trainwell.utils.errors import short_repr
@@ -165,8 +168,23 @@ def default_collator(processing_class: Any) -> Callable:
 def callback_handler(trainer: Any, user: list | None, progress: Any = None) -> CallbackHandler:
     """The handler of :func:`default_callbacks` and the user's ``callbacks``, handed the Trainer's parts."""
     callbacks = default_callbacks(trainer.args, trainer.runtime, user, progress)
+    early, late = log_time_callbacks(trainer)
+    callbacks[1:1] = early  # after the flow callback, with the trackers
+    callbacks += late
     return CallbackHandler(callbacks, trainer.model, trainer.processing_class, trainer.optimizer,
                            trainer.lr_scheduler)
+
+
+def log_time_callbacks(trainer: Any) -> tuple[list[Any], list[Any]]:
+    """The run-time features that act at log time, as callbacks: those that go with the trackers (the live log,
+    when ``report_to`` names ``"live"``), and those that go last, after every other callback has seen the log
+    (``rollback_on_spike``'s watch, which raises the rollback)."""
+    args = trainer.args
+    early = [LiveLogCallback(trainer)] if wants_live_log(args.report_to) else []
+    late = []
+    if args.rollback_on_spike is not None:
+        late.append(SpikeWatch(args.rollback_on_spike, lambda: trainer.is_in_train))
+    return early, late
 
 
 def default_callbacks(args: Any, runtime: Any, user: list | None, progress: Any = None) -> list:
@@ -243,7 +261,6 @@ def set_run_attributes(trainer: Any) -> None:
     trainer.micro_batch_loss_scale = None
     trainer.training_run = None
     trainer.heartbeat = stall.Heartbeat()  # this run's progress counter, read by its step_timeout watchdog
-    trainer._pending_rollback = None  # rollback_on_spike: what the next train() attempt records
     # decided once, not per micro-batch: an override may predate the reference's num_items_in_batch
     trainer._loss_takes_items = model_utils.accepts_keyword(trainer.compute_loss, "num_items_in_batch")
 

@@ -75,6 +75,7 @@ class Resume:
     files: CheckpointFiles = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     epoch: int = 0
     windows_done: int = 0
+    rollback: dict[str, Any] | None = None  #: rollback_on_spike chose this checkpoint: the log_history record of why
 
     def __post_init__(self) -> None:
         if self.files is None:

@@ -45,12 +45,8 @@ def log(hooks: TrainerHooks, logs: dict[str, float], start_time: float | None = 
             seen = state.num_input_tokens_seen - run.initial_tokens_seen
             logs.update(speed_metrics("train", start_time, num_tokens=seen))
     state.log_history.append({**logs, "step": state.global_step})
-    if run is not None and run.live_log is not None:  # at log time only: one line appended to the run folder
-        run.live_log.append(state.log_history[-1])
+    # the log-time features (the live log, rollback_on_spike's watch) are callbacks the wiring adds
     hooks.control = hooks.callback_handler.on_log(hooks.args, state, hooks.control, logs)
-    spikes = getattr(run, "spikes", None)  # rollback_on_spike: judged once the loss is logged and shown
-    if spikes is not None and "loss" in logs and hooks.is_in_train:
-        spikes.check(state)
 
 
 def maybe_log_save_evaluate(

@@ -23,12 +23,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainwell.args.trackers import wants_live_log
 from trainwell.backend.runtime import gather_loss_sum
 from trainwell.checkpoint.contents import Phase
 from trainwell.data.train_loader import TrainFeed
 from trainwell.loop.epochs import EpochIterator
-from trainwell.loop.live_log import LiveLog
 from trainwell.loop.plan import StepPlan
 from trainwell.loop.progress import TrainingRun
 from trainwell.loop.rollback import DataSkips
@@ -65,8 +63,6 @@ class FitLoop:
         self._init_state(plan)
         model = self._prepare(plan, loader)
         run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader))
-        if args.should_save and wants_live_log(args.report_to):  # each log as it happens, for report --watch
-            run.live_log = self._live_log(plan)
         epochs = EpochIterator(hooks, run.feed, plan, checkpointer)
         self._register(run, epochs)
         self.step = OptimizerStep(hooks, model, run)
@@ -141,10 +137,8 @@ class FitLoop:
         hooks.state = TrainerState(stateful_callbacks=[*hooks.callback_handler.callbacks, hooks.control])
         self.checkpointer.restore(Phase.STATE)  # resuming: the checkpoint's state, and where its data stands
         state = hooks.state
-        self.rollback = hooks._pending_rollback  # rollback_on_spike went back to this checkpoint: record why
-        if self.rollback is not None:
-            state.log_history.append(self.rollback)
-            hooks._pending_rollback = None
+        if self.resume is not None and self.resume.rollback is not None:  # rollback_on_spike came back here: why
+            state.log_history.append(self.resume.rollback)
         state.is_hyper_param_search = self.trial is not None
         state.train_batch_size = plan.total_train_batch_size // (plan.accumulation * hooks.runtime.data_parallel_size)
         state.compute_steps(args, plan.max_steps)
@@ -166,13 +160,6 @@ class FitLoop:
         handler.model, handler.optimizer, handler.lr_scheduler = hooks.model, hooks.optimizer, hooks.lr_scheduler
         handler.train_dataloader = loader
         return model
-
-    def _live_log(self, plan: StepPlan) -> LiveLog:
-        """The run folder's live log, its session line written (``trainwell.loop.live_log``)."""
-        state, resume = self.hooks.state, self.resume
-        return LiveLog.begin(self.hooks._get_output_dir(self.trial), state.global_step,
-                             resume.path if resume is not None else None, plan.max_steps, state.num_input_tokens_seen,
-                             rollback=self.rollback)
 
     def _register(self, run: TrainingRun, epochs: EpochIterator) -> None:
         """Hand the checkpointer the loop's parts that a checkpoint keeps: the ``CONTENTS`` rows that no Trainer

@@ -23,13 +23,11 @@ import torch
 from trainwell.backend.runtime import gather_loss_sum
 from trainwell.checkpoint.checkpointer import Provider
 from trainwell.loop.guard import StepGuard, step_applier
-from trainwell.loop.rollback import SpikeWatch
 from trainwell.utils.throughput import ThroughputWindow, non_embedding_parameters, peak_flops
 
 if TYPE_CHECKING:
     from trainwell.data.train_loader import TrainFeed
     from trainwell.hooks import TrainerHooks
-    from trainwell.loop.live_log import LiveLog
     from trainwell.loop.plan import StepPlan
 
 
@@ -205,8 +203,6 @@ class TrainingRun:
         #: how an optimizer step is applied: plainly, loss-scaled, or guarded (``skip_nonfinite_steps``), bound once
         self.applier = step_applier(hooks, self.losses)
         self.losses.guarded = isinstance(self.applier, StepGuard)
-        #: ``rollback_on_spike``'s watch over the logged loss (``trainwell.loop.rollback.SpikeWatch``; None: off)
-        self.spikes = SpikeWatch(args.rollback_on_spike) if args.rollback_on_spike is not None else None
         #: the log window in progress, as a checkpoint keeps it: its loss sum averaged over processes (a collective,
         #: as at a log step); a resume continues it
         self.log_window = Provider(lambda: self._window(lambda total: gather_loss_sum(runtime, total)),
@@ -220,8 +216,6 @@ class TrainingRun:
         optimizer = getattr(hooks.optimizer, "optimizer", hooks.optimizer)
         #: schedule-free optimizers keep separate train/eval weights: ``train()``/``eval()`` switch them
         self.optimizer_has_modes = has_train_eval_modes(optimizer)
-        #: the run folder's live log (``trainwell.loop.live_log``), on the process that saves; set by the fit loop
-        self.live_log: LiveLog | None = None
 
     @property
     def guard(self) -> StepGuard | None:

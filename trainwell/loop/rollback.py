@@ -2,13 +2,15 @@
 
 Owns the three parts of a rollback, and the record that ties them together:
 
-* :class:`SpikeWatch` looks at each logged training loss (``trainwell.loop.boundary.log``): above
+* :class:`SpikeWatch`, a callback the wiring adds last when ``rollback_on_spike`` is set, looks at each logged
+  training loss (its ``on_log``, after the other callbacks have shown it): above
   ``rollback_on_spike`` times the median of the last ``RECENT`` logged losses (once ``MIN_HISTORY`` of them exist
   and their median is positive), or not finite at all (with ``logging_nan_inf_filter``, the default, that means every
   loss of the log window was), it raises :class:`Rollback` before the step's evaluation and save;
 * :func:`attempts` catches it around the ``train()`` attempts: it picks the newest usable checkpoint at or before
   the last step known good (the previous log), and trains again from it through the ordinary resume, with the
-  record of the rollback appended to the resumed state's ``log_history``; after ``MAX_ROLLBACKS`` it stops with an
+  record of the rollback on that :class:`~trainwell.checkpoint.resume.Resume` (``resume.rollback``), which the fit
+  loop appends to the resumed state's ``log_history``; after ``MAX_ROLLBACKS`` it stops with an
   error;
 * :class:`DataSkips` reads every such record from ``log_history`` and the fit loop passes over the recorded steps:
   their batches are read and dropped, no forward, no optimizer or scheduler step, no event; ``global_step`` moves on
@@ -37,6 +39,7 @@ from trainwell.args.resilience import MAX_ROLLBACKS
 from trainwell.checkpoint.checkpointer import Checkpointer
 from trainwell.checkpoint.layout import checkpoint_step, list_checkpoints
 from trainwell.checkpoint.resume import Resume, unusable_reason
+from trainwell.events.callback import TrainerCallback
 
 if TYPE_CHECKING:
     from trainwell.state import TrainerState
@@ -70,11 +73,18 @@ def rollbacks(log_history: list[Any]) -> list[dict[str, Any]]:
             and isinstance(e.get(LAST), int)]
 
 
-class SpikeWatch:
-    """Judges each logged training loss of one ``train()`` call (see the module docstring)."""
+class SpikeWatch(TrainerCallback):
+    """Judges each logged training loss of a run (see the module docstring). ``in_train``: whether a ``train()`` call
+    is in progress (a loss logged outside one is not judged)."""
 
-    def __init__(self, factor: float) -> None:
+    def __init__(self, factor: float, in_train: Callable[[], bool] = lambda: True) -> None:
         self.factor = factor
+        self._in_train = in_train
+
+    def on_log(self, args: Any, state: TrainerState, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if logs is not None and "loss" in logs and self._in_train():
+            self.check(state)
 
     def check(self, state: TrainerState) -> None:
         """Raise :class:`Rollback` when the loss just logged (the last entry of ``state.log_history``) spiked."""
@@ -151,13 +161,15 @@ def attempts(trainer: Any, train_once: Callable[[Resume | None], Any]) -> Callab
                 return train_once(resume)
             except Rollback as spike:
                 spike.count = max(spike.count, done)
-                resume = Checkpointer.find(trainer, _rollback_point(trainer, spike, factor))  # as train() finds one
+                point, record = _rollback_point(trainer, spike, factor)
+                resume = Checkpointer.find(trainer, point)  # as train() finds one
+                resume.rollback = record  # the fit loop appends it to the resumed state's log_history
                 done = spike.count + 1
 
     return train
 
 
-def _rollback_point(trainer: Any, spike: Rollback, factor: float) -> str:
+def _rollback_point(trainer: Any, spike: Rollback, factor: float) -> tuple[str, dict[str, Any]]:
     what = (f"the logged loss {spike.loss:.6g} at step {spike.step} is "
             + (f"above {factor:g} x the median {spike.median:.6g} of the recent logged losses"
                if math.isfinite(spike.loss) else "not finite"))
@@ -177,7 +189,6 @@ def _rollback_point(trainer: Any, spike: Rollback, factor: float) -> str:
             "rollback_on_spike=None."
         ) from spike
     step = checkpoint_step(checkpoint)
-    trainer._pending_rollback = spike.record(step)
     logger.warning("rollback_on_spike: %s. Going back to %s and skipping the data of steps %d-%d (rollback %d of at "
                    "most %d).", what, checkpoint, step + 1, spike.step, spike.count + 1, MAX_ROLLBACKS)
-    return checkpoint
+    return checkpoint, spike.record(step)
