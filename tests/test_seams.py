@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.common.models import ClassificationDataset, DropoutMLP
 from trainwell import Trainer, TrainingArguments
 from trainwell.events.flow import DefaultFlowCallback
@@ -49,3 +51,43 @@ def test_the_step_applier_is_bound_once_per_call(tmp_path):
     guarded.train()
     assert isinstance(guarded.training_run.applier, StepGuard) and guarded.training_run.guard is not None
     assert issubclass(ScaledStep, PlainStep) and issubclass(StepGuard, PlainStep)
+
+
+def test_the_retry_room_asks_each_policy_and_lets_other_errors_through(monkeypatch):
+    """rollback_on_spike and auto_find_batch_size are two policies of one loop (trainwell.techniques.retry): the
+    first policy that recovers an error says where the next attempt starts; an error none recovers ends the call."""
+    from trainwell.techniques import retry
+
+    class Policy:
+        def __init__(self, kind, to):
+            self.kind, self.to, self.begun, self.seen = kind, to, [], []
+
+        def begin(self, resume):
+            self.begun.append(resume)
+
+        def recovers(self, error):
+            return isinstance(error, self.kind)
+
+        def retry(self, error, resume):
+            self.seen.append((type(error).__name__, resume))
+            return self.to
+
+    memory, spike = Policy(MemoryError, "smaller"), Policy(KeyError, "checkpoint-2")
+    monkeypatch.setattr(retry, "policies", lambda trainer: [spike, memory])
+    errors = [MemoryError(), KeyError("spike"), None]
+    starts = []
+
+    def attempt(resume):
+        starts.append(resume)
+        error = errors.pop(0)
+        if error is not None:
+            raise error
+        return "done"
+
+    assert retry.train_with_retries(object(), attempt, None) == "done"
+    assert starts == [None, "smaller", "checkpoint-2"]
+    assert memory.seen == [("MemoryError", None)] and spike.seen == [("KeyError", "smaller")]
+    assert memory.begun == spike.begun == [None]
+    errors[:] = [ValueError("not ours")]
+    with pytest.raises(ValueError, match="not ours"):
+        retry.train_with_retries(object(), attempt, None)

@@ -39,7 +39,7 @@ from trainwell.events.flow import DefaultFlowCallback
 from trainwell.events.notebook import NotebookProgressCallback, in_notebook
 from trainwell.events.progress import ProgressCallback
 from trainwell.integrations import hub
-from trainwell.loop import boundary, evaluation, losses, rollback
+from trainwell.loop import boundary, evaluation, losses
 from trainwell.loop.fit import FitLoop
 from trainwell.loop.metric_checks import CheckedComputeMetrics
 from trainwell.loop.plan import StepPlan, build_plan
@@ -47,7 +47,7 @@ from trainwell.optim import param_groups, registry
 from trainwell.optim.schedulers import current_learning_rate, scheduler_for_args
 from trainwell.outputs import BestRun, EvalLoopOutput, PredictionOutput, TrainOutput
 from trainwell.state import TrainerControl, TrainerState
-from trainwell.techniques import batch_size
+from trainwell.techniques import retry
 from trainwell.techniques.memory import MemoryTracker
 from trainwell.training_args import TrainingArguments
 from trainwell.utils import metrics as metric_utils
@@ -141,14 +141,12 @@ class Trainer:
             try:
                 self._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
                 attempt = functools.partial(self._train_attempt, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
-                attempt = rollback.attempts(self, attempt)  # rollback_on_spike: again from the last good checkpoint
                 locks = self.is_world_process_zero() and output_lock.writes(self.args)  # runs that save only
                 with output_lock.holding(self._get_output_dir(trial), enabled=locks):
                     with failures.stop_together(self, last_usable_checkpoint):  # a collective: fail together
                         resume = Checkpointer.find(self, resume_from_checkpoint)  # found and validated once per call
-                    if self.args.auto_find_batch_size:  # attempts with smaller micro-batches after out-of-memory
-                        return batch_size.train_with_batch_search(self, attempt, resume)
-                    return attempt(resume)
+                    # rollback_on_spike and auto_find_batch_size: attempts again, as their policies say
+                    return retry.train_with_retries(self, attempt, resume)
             finally:
                 self.is_in_train = False
                 self._memory_tracker.stop("train")  # after a failure (a finished run has stopped it already)
