@@ -10,7 +10,6 @@ overrides are honoured.
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 from trainwell.backend.runtime import mean_loss_sum
@@ -71,15 +70,14 @@ def maybe_log_save_evaluate(
         skipped = applier.settle(skips, for_log=True)
         if skipped:
             logs["skipped_nonfinite_steps"] = skipped
-        if throughput is not None:
-            logs.update(throughput.take())
+        logs.update(throughput.take())  # log_throughput's figures (none when it is off)
         tr_loss.last_logged_step = state.global_step
         hooks.store_flos()
         hooks.log(logs, start_time)
     if not (hooks.control.should_evaluate or hooks.control.should_save):
         return  # most steps
     # evaluating and saving is not training time for log_throughput
-    with throughput.paused() if throughput is not None else contextlib.nullcontext():
+    with throughput.paused():
         if hooks.control.should_evaluate:
             metrics = hooks._evaluate(trial, ignore_keys_for_eval)
             is_new_best = hooks._determine_best_metric(metrics, trial)

@@ -23,7 +23,7 @@ import torch
 from trainwell.backend.runtime import gather_loss_sum
 from trainwell.checkpoint.checkpointer import Provider
 from trainwell.loop.guard import StepGuard, step_applier
-from trainwell.utils.throughput import ThroughputWindow, non_embedding_parameters, peak_flops
+from trainwell.utils.throughput import NoThroughput, ThroughputWindow, non_embedding_parameters, peak_flops
 
 if TYPE_CHECKING:
     from trainwell.data.train_loader import TrainFeed
@@ -210,8 +210,9 @@ class TrainingRun:
         self.tokens_pending: Any = 0
         self.token_mode = args.include_num_input_tokens_seen
         #: ``log_throughput``: tokens (from shapes, no kernel) and training time of the log window in progress
-        self.throughput = _throughput_window(hooks) if args.log_throughput else None
-        self.counts_tokens = self.token_mode != "no" or self.throughput is not None
+        self.throughput = _throughput_window(hooks) if args.log_throughput else NoThroughput()
+        self.measures_throughput = bool(args.log_throughput)
+        self.counts_tokens = self.token_mode != "no" or self.measures_throughput
         self.main_input = hooks.model_info.main_input_name
         optimizer = getattr(hooks.optimizer, "optimizer", hooks.optimizer)
         #: schedule-free optimizers keep separate train/eval weights: ``train()``/``eval()`` switch them
@@ -236,7 +237,7 @@ class TrainingRun:
         main = inputs.get(self.main_input) if isinstance(inputs, Mapping) else None
         if not isinstance(main, torch.Tensor):
             return
-        if self.throughput is not None:
+        if self.measures_throughput:
             self.throughput.add(main.numel())
         if self.token_mode == "no":
             return
