@@ -152,6 +152,31 @@ def test_a_resume_after_a_skipped_step_equals_the_uninterrupted_run(tmp_path, pa
     assert session_rows(load_run(tmp_path / "whole"))[0]["skipped steps"] == "1"  # the report counts it
 
 
+@pytest.mark.parametrize("layout", ["own_row", "in_log_window"])
+def test_the_pending_count_is_its_own_checkpoint_row_and_an_older_log_window_still_restores_it(tmp_path, layout):
+    """Skips read at a save and not logged yet are the checkpoint's "skipped_steps" entry (the guard's own row), not
+    part of the log window; a checkpoint written before the row (the count inside its log window) resumes alike."""
+    settings = {"logging_steps": 3, "save_strategy": "steps", "save_steps": 4, "bad": (4,)}
+    whole = _run(tmp_path / "whole", **settings)
+    resumed_dir = tmp_path / "resumed"
+    _run(resumed_dir, callbacks=[StopAt(4)], **settings)
+    rng_file = resumed_dir / "checkpoint-4" / "rng_state.pth"
+    saved = torch.load(rng_file, weights_only=False)
+    assert saved["skipped_steps"] == 1 and "skipped_nonfinite_steps" not in saved["log_window"]
+    if layout == "in_log_window":  # as trainwell wrote it before the row
+        saved["log_window"]["skipped_nonfinite_steps"] = saved.pop("skipped_steps")
+        torch.save(saved, rng_file)
+        (resumed_dir / "checkpoint-4" / "checkpoint_manifest.json").unlink()  # the file is changed on purpose
+    torch.manual_seed(0)
+    unchecked = {"verify_checkpoint_checksums": layout == "own_row"}
+    resumed = Poisoned(DropoutMLP(), _args(resumed_dir, logging_steps=3, save_strategy="steps", save_steps=4,
+                                           **unchecked), train_dataset=ClassificationDataset(), bad=(4,))
+    resumed.train(resume_from_checkpoint=str(resumed_dir / "checkpoint-4"))
+    logs = lambda t: [(e["step"], e.get("skipped_nonfinite_steps")) for e in t.state.log_history  # noqa: E731
+                      if "loss" in e]
+    assert logs(resumed) == logs(whole) == [(3, None), (6, 1)]
+
+
 def test_a_checkpoint_of_nonfinite_weights_is_refused_and_the_previous_one_stays(tmp_path):
     with pytest.raises(NonFiniteWeightsError, match=r"checkpoint-4 was not saved: the model's weights are not "
                                                     r"finite \(NaN or inf in 'net\.0\.weight'\)"):

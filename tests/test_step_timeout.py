@@ -256,3 +256,47 @@ def test_what_a_stuck_main_thread_was_doing():
     assert stall.doing(["run", "_run_epoch", "_windows", "__next__"], 4) == "reading the training data of step 5"
     assert stall.doing(["run", "_run_epoch", "run_window", "backward"], 4) == (
         "the backward pass (its gradient all-reduce) in training step 5")
+
+
+class StopWhen(TrainerCallback):
+    """Slow steps (0.05 s) until ``event`` is set, then stops training (or ``max_steps`` ends it)."""
+
+    def __init__(self, event):
+        self.event = event
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(0.05)
+        if self.event.is_set():  # (never cleared: the flow callback sets it at max_steps)
+            control.should_training_stop = True
+
+
+def test_two_trainings_in_two_threads_each_have_their_own_heartbeat(tmp_path, monkeypatch):
+    """Threaded Optuna or Ray Tune trials train in one process: one stuck while the other makes progress must stop
+    within its step_timeout (a heartbeat shared by the process would hide its stall until the other ends)."""
+    monkeypatch.setattr(stall.os, "_exit", lambda code: None)  # never end pytest
+    stuck_done, outcome = threading.Event(), {}
+
+    def stuck():
+        try:
+            _train(tmp_path / "stuck", step_timeout=2, stall_at=3)
+        except BaseException as err:  # noqa: BLE001 - the outcome is the test's to judge
+            outcome["error"] = err
+        finally:
+            stuck_done.set()
+
+    def healthy():
+        args = TrainingArguments(str(tmp_path / "healthy"), max_steps=2000, per_device_train_batch_size=4,
+                                 save_strategy="no", report_to="none", disable_tqdm=True, step_timeout=60)
+        trainer = Trainer(DropoutMLP(), args, train_dataset=ClassificationDataset(), callbacks=[StopWhen(stuck_done)])
+        outcome["healthy_steps"] = trainer.train().global_step
+
+    threads = [threading.Thread(target=healthy, daemon=True), threading.Thread(target=stuck, daemon=True)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 240
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        for thread in threads:
+            thread.join(0.05)
+    assert isinstance(outcome.get("error"), stall.StepTimeout), outcome
+    # the healthy run was still going when the stuck one stopped: it stopped on that, not at max_steps
+    assert outcome.get("healthy_steps", 2000) < 2000, outcome

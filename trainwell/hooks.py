@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from trainwell.backend.precision import Precision
     from trainwell.backend.runtime import Runtime
+    from trainwell.backend.stall import Heartbeat
     from trainwell.checkpoint.checkpointer import Checkpointer
     from trainwell.events.handler import CallbackHandler
     from trainwell.loop.plan import StepPlan
@@ -130,8 +131,9 @@ class TrainerHooks(Protocol):
     #: the checkpoints of the ``train()`` call in progress (the last one after it returns; before the first, one
     #: that saves synchronously): its saves, its resume, the providers the loop registers
     checkpointer: Checkpointer
-    #: ``rollback_on_spike``: the record the next ``train()`` attempt appends to the state it resumes (None: none)
-    _pending_rollback: dict[str, Any] | None
+    #: the run's progress counter: the loops add one per micro-batch, optimizer step, evaluation batch and save end;
+    #: ``step_timeout``'s watchdog reads it (one per Trainer: two trainings in one process never share one)
+    heartbeat: Heartbeat
 
 
 def hook_methods() -> list[str]:

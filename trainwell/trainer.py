@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,11 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwell import checks, search, techniques, wiring
+from trainwell import checks, search, wiring
 from trainwell.args.storage import local_output_dir
-from trainwell.backend import failures, stall
+from trainwell.backend import failures
 from trainwell.backend.runtime import to_device
-from trainwell.checkpoint import contents, loading, preemption
+from trainwell.checkpoint import contents, loading
 from trainwell.checkpoint import lock as output_lock
 from trainwell.checkpoint.checkpointer import Checkpointer
 from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module-level names)
@@ -34,13 +33,12 @@ from trainwell.checkpoint.layout import (  # noqa: F401  (the reference's module
 )
 from trainwell.checkpoint.resume import Resume, last_usable_checkpoint
 from trainwell.data import loaders
-from trainwell.data.train_loader import build_train_feed
 from trainwell.events.callback import TrainerCallback
 from trainwell.events.flow import DefaultFlowCallback
 from trainwell.events.notebook import NotebookProgressCallback, in_notebook
 from trainwell.events.progress import ProgressCallback
 from trainwell.integrations import hub
-from trainwell.loop import boundary, evaluation, losses, rollback
+from trainwell.loop import boundary, evaluation, losses
 from trainwell.loop.fit import FitLoop
 from trainwell.loop.metric_checks import CheckedComputeMetrics
 from trainwell.loop.plan import StepPlan, build_plan
@@ -48,13 +46,11 @@ from trainwell.optim import param_groups, registry
 from trainwell.optim.schedulers import current_learning_rate, scheduler_for_args
 from trainwell.outputs import BestRun, EvalLoopOutput, PredictionOutput, TrainOutput
 from trainwell.state import TrainerControl, TrainerState
-from trainwell.techniques import batch_size
+from trainwell.techniques import retry
 from trainwell.techniques.memory import MemoryTracker
 from trainwell.training_args import TrainingArguments
 from trainwell.utils import metrics as metric_utils
 from trainwell.utils import model as model_utils
-
-logger = logging.getLogger(__name__)
 
 #: the reference's default callbacks (trainwell adds trackers, the progress display and preemption as it runs)
 DEFAULT_CALLBACKS = [DefaultFlowCallback]
@@ -137,28 +133,13 @@ class Trainer:
         """Train the model; ``resume_from_checkpoint`` is a checkpoint path, or True for the newest complete one."""
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
-        self._memory_tracker.start("train")
-        self.is_in_train = True
-        with preemption.ending_train(self.callback_handler):  # Ctrl-C with enable_jit_checkpoint: saved, re-raised
-            try:
-                self._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
-                attempt = functools.partial(self._train_attempt, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
-                attempt = rollback.attempts(self, attempt)  # rollback_on_spike: again from the last good checkpoint
-                locks = self.is_world_process_zero() and output_lock.writes(self.args)  # runs that save only
-                with output_lock.holding(self._get_output_dir(trial), enabled=locks):
-                    with failures.stop_together(self, last_usable_checkpoint):  # a collective: fail together
-                        resume = Checkpointer.find(self, resume_from_checkpoint)  # found and validated once per call
-                    if self.args.auto_find_batch_size:  # attempts with smaller micro-batches after out-of-memory
-                        return batch_size.train_with_batch_search(self, attempt, resume)
-                    return attempt(resume)
-            finally:
-                self.is_in_train = False
-                self._memory_tracker.stop("train")  # after a failure (a finished run has stopped it already)
+        # the call's wrappers, in order (wiring.TRAIN_CALL), then the checkpoint found and validated once per call
+        with wiring.train_call(self, trial, resume_from_checkpoint) as resume:
+            attempt = functools.partial(self._train_attempt, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
+            return retry.train_with_retries(self, attempt, resume)  # rollback_on_spike, auto_find_batch_size
 
     def _train_attempt(self, resume: Resume | None, trial: Any, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
-        wiring.prepare_attempt(self, trial)
-        with stall.watch(self, last_usable_checkpoint), techniques.during_training(self), \
-                failures.stop_together(self, last_usable_checkpoint):  # step_timeout, then a lost peer
+        with wiring.train_attempt(self, trial):  # each attempt's wrappers, in order (wiring.TRAIN_ATTEMPT)
             self.checkpointer = Checkpointer.of(self, resume)
             add_memory = functools.partial(self._memory_tracker.stop, "train")
             return FitLoop(self, trial, ignore_keys_for_eval, add_memory).run()
@@ -274,8 +255,7 @@ class Trainer:
         """6 × input tokens × non-embedding parameters, for models that report ``num_parameters`` (else 0)."""
         return self.model_info.floating_point_ops(self.model, inputs)
 
-    # The loop skips this default when the model reports no size (it would add 0 per micro-batch).
-    floating_point_ops.is_trainwell_default = True  # type: ignore[attr-defined]
+    floating_point_ops.is_trainwell_default = True  # type: ignore[attr-defined]  (skipped for a model of no size)
 
     def store_flos(self) -> None:
         self.state.total_flos += self.runtime.data_sum_of_number(float(self.current_flos))
@@ -358,15 +338,7 @@ class Trainer:
         parts (``build_train_feed``), else in trainwell's evaluation order unless ``sampler_fn`` returns a sampler.
         ``description`` names the set in the log of the removed columns; ``dataloader_key``: with persistent workers,
         kept in ``_eval_dataloaders`` under it."""
-        if not is_training:
-            loader = self._eval_loaders.get(dataset, self.data_collator, self._columns(), self.args, self.runtime,
-                                            batch_size, sampler_fn, description)
-            if dataloader_key is not None and self.args.dataloader_persistent_workers:
-                self._eval_dataloaders[dataloader_key] = loader
-            return loader
-        dataset, collator = loaders.without_unused_columns(dataset, self.data_collator, self._columns(), description)
-        sampler = None if sampler_fn is None or loaders.is_iterable(dataset) else sampler_fn(dataset)
-        return build_train_feed(dataset, collator, sampler, self.args, self.runtime, batch_size).loader
+        return wiring.dataloader(self, dataset, description, batch_size, sampler_fn, is_training, dataloader_key)
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Any:
         dataset = train_dataset if train_dataset is not None else self.train_dataset
@@ -378,13 +350,6 @@ class Trainer:
         """Fill ``_signature_columns`` from ``forward``'s parameters unless set (TRL's trainers set their own)."""
         if self._signature_columns is None:
             self._signature_columns = self.model_info.signature_columns(self.label_names)
-
-    def _columns(self) -> list[str] | None:
-        """The sample keys ``remove_unused_columns`` keeps (None: it is off)."""
-        if not self.args.remove_unused_columns:
-            return None
-        self._set_signature_columns_if_needed()
-        return list(self._signature_columns)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         """The evaluation loader (dataset order); ``eval_dataset`` may be a dataset or a key of a dict of them."""
@@ -459,8 +424,7 @@ class Trainer:
 
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint
-        logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
-        loading.load_model(self.model_wrapped, self.checkpointer.files(best), strict=False)
+        loading.load_best_model(self.model_wrapped, self.checkpointer.files(best), self.state.best_metric)
 
     # ------------------------------------------------------------------------------------------ misc
     def is_local_process_zero(self) -> bool:

@@ -10,21 +10,32 @@ the inputs is ``trainwell.checks``'; nothing here runs during training.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from trainwell import techniques
+from trainwell.args.trackers import wants_live_log
+from trainwell.backend import failures, stall
 from trainwell.backend.runtime import RUNTIME_ATTRIBUTES, attach_runtime  # noqa: F401  (the Trainer's)
+from trainwell.checkpoint import lock as output_lock
+from trainwell.checkpoint import preemption
+from trainwell.checkpoint.checkpointer import Checkpointer
+from trainwell.checkpoint.resume import Resume, last_usable_checkpoint
 from trainwell.checks import checked_callbacks
 from trainwell.data import loaders
+from trainwell.data.train_loader import build_train_feed
 from trainwell.events.handler import CallbackHandler
 from trainwell.events.progress import apply_log_level
+from trainwell.loop.live_log import LiveLogCallback
+from trainwell.loop.rollback import SpikeWatch
 from trainwell.utils import model as model_utils
 from trainwell.utils import quantization
 from trainwell.utils.errors import short_repr
@@ -164,8 +175,23 @@ def default_collator(processing_class: Any) -> Callable:
 def callback_handler(trainer: Any, user: list | None, progress: Any = None) -> CallbackHandler:
     """The handler of :func:`default_callbacks` and the user's ``callbacks``, handed the Trainer's parts."""
     callbacks = default_callbacks(trainer.args, trainer.runtime, user, progress)
+    early, late = log_time_callbacks(trainer)
+    callbacks[1:1] = early  # after the flow callback, with the trackers
+    callbacks += late
     return CallbackHandler(callbacks, trainer.model, trainer.processing_class, trainer.optimizer,
                            trainer.lr_scheduler)
+
+
+def log_time_callbacks(trainer: Any) -> tuple[list[Any], list[Any]]:
+    """The run-time features that act at log time, as callbacks: those that go with the trackers (the live log,
+    when ``report_to`` names ``"live"``), and those that go last, after every other callback has seen the log
+    (``rollback_on_spike``'s watch, which raises the rollback)."""
+    args = trainer.args
+    early = [LiveLogCallback(trainer)] if wants_live_log(args.report_to) else []
+    late = []
+    if args.rollback_on_spike is not None:
+        late.append(SpikeWatch(args.rollback_on_spike, lambda: trainer.is_in_train))
+    return early, late
 
 
 def default_callbacks(args: Any, runtime: Any, user: list | None, progress: Any = None) -> list:
@@ -185,6 +211,67 @@ def default_callbacks(args: Any, runtime: Any, user: list | None, progress: Any 
 
         callbacks.append(JITCheckpointCallback(runtime.reduce_sum if runtime.distributed else None))
     return callbacks
+
+
+#: The wrappers of one ``train()`` call (:func:`train_call`), outermost first, and of each of its attempts
+#: (:func:`train_attempt`); between the two, ``Trainer.train`` finds the checkpoint once and hands its attempts to
+#: the retry room (``trainwell.techniques.retry``).
+TRAIN_CALL = ("the train stage's memory metrics and is_in_train", "preemption saves (enable_jit_checkpoint)",
+              "the trial's settings (a search)", "output_dir's lock (runs that save)")
+TRAIN_ATTEMPT = ("a fresh model_init model, the scheduler rebuilt", "step_timeout's watchdog",
+                 "the techniques on the model (Liger, NEFTune, the overflow debugger)", "a lost peer stops together")
+
+
+@contextlib.contextmanager
+def train_call(trainer: Any, trial: Any, resume_from_checkpoint: str | bool | None) -> Iterator[Resume | None]:
+    """The wrappers of one ``train()`` call, in the order of :data:`TRAIN_CALL`; yields the checkpoint to resume
+    (``resume_from_checkpoint`` found and validated, once per call, by every process together)."""
+    trainer._memory_tracker.start("train")
+    trainer.is_in_train = True
+    with preemption.ending_train(trainer.callback_handler):  # Ctrl-C with enable_jit_checkpoint: saved, re-raised
+        try:
+            trainer._hp_search_setup(trial)  # first: a trial's seed and batch size are this whole run's
+            locks = trainer.is_world_process_zero() and output_lock.writes(trainer.args)  # runs that save only
+            with output_lock.holding(trainer._get_output_dir(trial), enabled=locks):
+                with failures.stop_together(trainer, last_usable_checkpoint):  # a collective: fail together
+                    resume = Checkpointer.find(trainer, resume_from_checkpoint)
+                yield resume
+        finally:
+            trainer.is_in_train = False
+            trainer._memory_tracker.stop("train")  # after a failure (a finished run has stopped it already)
+
+
+@contextlib.contextmanager
+def train_attempt(trainer: Any, trial: Any) -> Iterator[None]:
+    """The wrappers of one attempt of ``train()``, in the order of :data:`TRAIN_ATTEMPT`."""
+    prepare_attempt(trainer, trial)
+    with stall.watch(trainer, last_usable_checkpoint), techniques.during_training(trainer), \
+            failures.stop_together(trainer, last_usable_checkpoint):  # step_timeout, then a lost peer
+        yield
+
+
+def dataloader(trainer: Any, dataset: Any, description: str, batch_size: int, sampler_fn: Any, is_training: bool,
+               dataloader_key: str | None) -> Any:
+    """The body of ``Trainer._get_dataloader`` (its docstring says what it does)."""
+    args, runtime = trainer.args, trainer.runtime
+    if not is_training:
+        loader = trainer._eval_loaders.get(dataset, trainer.data_collator, _columns(trainer), args, runtime,
+                                           batch_size, sampler_fn, description)
+        if dataloader_key is not None and args.dataloader_persistent_workers:
+            trainer._eval_dataloaders[dataloader_key] = loader
+        return loader
+    dataset, collator = loaders.without_unused_columns(dataset, trainer.data_collator, _columns(trainer), description)
+    sampler = None if sampler_fn is None or loaders.is_iterable(dataset) else sampler_fn(dataset)
+    return build_train_feed(dataset, collator, sampler, args, runtime, batch_size).loader
+
+
+def _columns(trainer: Any) -> list[str] | None:
+    """The sample keys ``remove_unused_columns`` keeps (None: it is off), through the Trainer's
+    ``_set_signature_columns_if_needed`` (TRL's trainers set their own columns)."""
+    if not trainer.args.remove_unused_columns:
+        return None
+    trainer._set_signature_columns_if_needed()
+    return list(trainer._signature_columns)
 
 
 def prepare_attempt(trainer: Any, trial: Any) -> None:
@@ -241,7 +328,7 @@ def set_run_attributes(trainer: Any) -> None:
     trainer.current_gradient_accumulation_steps = 1
     trainer.micro_batch_loss_scale = None
     trainer.training_run = None
-    trainer._pending_rollback = None  # rollback_on_spike: what the next train() attempt records
+    trainer.heartbeat = stall.Heartbeat()  # this run's progress counter, read by its step_timeout watchdog
     # decided once, not per micro-batch: an override may predate the reference's num_items_in_batch
     trainer._loss_takes_items = model_utils.accepts_keyword(trainer.compute_loss, "num_items_in_batch")
 

@@ -46,8 +46,9 @@ NOTE_WAIT_SECONDS = 1.0
 WATCH_SECONDS = 1.0  # how often the watchdog reads the failure count
 GRACE_SECONDS = 5.0  # how long it then lets this process stop on its own (a collective error names things best)
 
-# Functions on the stack -> what the process was doing (innermost match wins for the operation).
-_OPERATIONS = (
+#: Functions on the stack -> what the process was doing (innermost match wins for the operation); every key but
+#: "prepare" is a collective (``trainwell.backend.stall`` reads that).
+OPERATIONS = (
     ("gather_loss_sum", "averaging the logged loss over processes"),
     ("mean_loss_sum", "averaging the logged loss over processes"),
     ("backward", "the backward pass (its gradient all-reduce)"),
@@ -144,7 +145,8 @@ def _initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _store() -> Any:
+def process_store() -> Any:
+    """The process group's key-value store (the launcher hosts it), or None without one."""
     import torch.distributed as dist
 
     # Only calls that never wait are made on it (set, add, check, and get after check): its timeout, which
@@ -159,7 +161,7 @@ def _leave(rank: int, err: BaseException) -> None:
     """Tell the others why this process stops, then destroy the group so their collectives fail now."""
     import torch.distributed as dist
 
-    store = _store()
+    store = process_store()
     if store is not None:
         with contextlib.suppress(Exception):
             store.set(f"{PREFIX}/failed/{rank}", f"{type(err).__name__}: {err}"[:500])
@@ -171,7 +173,7 @@ def _leave(rank: int, err: BaseException) -> None:
 
 def _notes(rank: int, world: int, doing: str) -> tuple[list[int], dict[int, str]] | None:
     """(processes that left no note, {process: its error}) after a short wait; None without a store."""
-    store = _store()
+    store = process_store()
     if store is None:
         return None
     try:
@@ -214,7 +216,7 @@ def _message(trainer: Any, notes: tuple[list[int], dict[int, str]] | None, doing
                          "(killed: out of memory, a signal, a crash?) or stopped responding")
     who = "; ".join(parts) if parts else "another process of this run stopped"
     return (f"{who[0].upper()}{who[1:]} while process {rank} of {world} was {doing}; process {rank} stops too. "
-            f"{_resume_hint(trainer.args.output_dir, newest_checkpoint)} ({cause})")
+            f"{resume_hint(trainer.args.output_dir, newest_checkpoint)} ({cause})")
 
 
 def _names_from_traceback(tb: Any) -> list[str]:
@@ -222,7 +224,7 @@ def _names_from_traceback(tb: Any) -> list[str]:
     return [frame.f_code.co_name for frame, _ in traceback.walk_tb(tb) if _ours(frame)]
 
 
-def _names_from_frame(frame: Any) -> list[str]:
+def names_from_frame(frame: Any) -> list[str]:
     """trainwell's functions on a running thread's stack, outermost first."""
     return list(reversed([f.f_code.co_name for f, _ in traceback.walk_stack(frame) if _ours(f)]))
 
@@ -239,7 +241,7 @@ def describe_operation(tb: Any, global_step: int) -> str:
 def describe(names: list[str], global_step: int) -> str:
     """What a stack of trainwell functions (outermost first) was doing, e.g. "the backward pass (its gradient
     all-reduce) in training step 5": the most specific known operation, in the innermost enclosing phase."""
-    operation = next((text for key, text in _OPERATIONS if key in names), None)
+    operation = next((text for key, text in OPERATIONS if key in names), None)
     phase = next((text for name in reversed(names) for key, text in _PHASES if name == key), None)
     if phase is not None:
         phase = phase.format(step=global_step, next_step=global_step + 1)
@@ -248,7 +250,8 @@ def describe(names: list[str], global_step: int) -> str:
     return operation or phase or f"in {names[-1] if names else 'a collective'}"
 
 
-def _resume_hint(output_dir: str, newest_checkpoint: NewestCheckpoint) -> str:
+def resume_hint(output_dir: str, newest_checkpoint: NewestCheckpoint) -> str:
+    """The sentence that ends a stop's message: the checkpoint to resume from, or that there is none."""
     try:
         checkpoint = newest_checkpoint(output_dir)
     except Exception:
@@ -271,7 +274,7 @@ class Watchdog(threading.Thread):
 
     @classmethod
     def start_for(cls, trainer: Any, newest_checkpoint: NewestCheckpoint) -> Watchdog | None:
-        store = _store()
+        store = process_store()
         if store is None:
             return None
         try:
@@ -301,7 +304,7 @@ class Watchdog(threading.Thread):
 
     def _end_process(self) -> None:
         frame = sys._current_frames().get(self.main.ident)
-        names = [] if frame is None else _names_from_frame(frame)
+        names = [] if frame is None else names_from_frame(frame)
         doing = describe(names, self.trainer.state.global_step)
         runtime = self.trainer.runtime
         notes = _notes(runtime.process_index, runtime.num_processes, doing)

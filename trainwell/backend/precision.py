@@ -50,6 +50,12 @@ def _say_fp16_does_nothing_on_a_cpu() -> None:
     )
 
 
+def clipping_limit(max_grad_norm: float | None) -> float:
+    """The ``max_norm`` :meth:`Precision.clip_grad_norm_` takes for ``max_grad_norm``: inf (measure the norm, clip
+    nothing) when it is None or not above 0, as the reference's ``max_grad_norm=0`` turns clipping off."""
+    return max_grad_norm if max_grad_norm and max_grad_norm > 0 else math.inf
+
+
 class Precision:
     """The precision policy of one run, built once from the arguments by ``Runtime``.
 

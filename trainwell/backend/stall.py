@@ -1,10 +1,12 @@
 """``step_timeout``: a process that stops making progress stops the run within seconds, naming where it was.
 
-Owns the progress counter and the watchdog thread. Progress is :data:`HEART`'s ``beats``, a plain int the main
-thread adds one to per training micro-batch and optimizer step (``trainwell.loop.step``), evaluation batch
-(``trainwell.loop.evaluation``) and at each end of a checkpoint save (``trainwell.loop.boundary``): no
-lock, no clock read, no device tensor. While a ``train()`` attempt runs (:func:`watch`), a :class:`StallWatchdog`
-thread in every process reads it about four times per timeout. It arms once the first optimizer step is done (the
+Owns the progress counter and the watchdog thread. Progress is the run's :class:`Heartbeat` (``trainer.heartbeat``,
+one per Trainer: two trainings in one process, as threaded Optuna or Ray Tune trials run, each have theirs, and a
+stall of one is not hidden by the other's progress): ``beats``, a plain int the training thread adds one to per
+training micro-batch and optimizer step (``trainwell.loop.step``), evaluation batch (``trainwell.loop.evaluation``)
+and at each end of a checkpoint save (``trainwell.loop.boundary``): no lock, no clock read, no device tensor.
+While a ``train()`` attempt runs (:func:`watch`), a :class:`StallWatchdog` thread in every process reads it about
+four times per timeout. It arms once the first optimizer step is done (the
 first step may compile), and when the count has not moved for ``step_timeout`` seconds it:
 
 1. tells the other processes what this one was doing, through the process group's key-value store (the launcher
@@ -49,7 +51,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainwell.args.storage import local_output_dir
-from trainwell.backend.failures import _OPERATIONS, NewestCheckpoint, _names_from_frame, _resume_hint, _store, describe
+from trainwell.backend.failures import (
+    OPERATIONS,
+    NewestCheckpoint,
+    describe,
+    names_from_frame,
+    process_store,
+    resume_hint,
+)
 from trainwell.utils.safe_files import append_bytes
 
 logger = logging.getLogger(__name__)
@@ -64,17 +73,16 @@ GRACE_STUCK, GRACE_WAITING = 2.0, 10.0  #: how long training may take to raise S
 PREFIX = "trainwell/stall"
 RECORD_FILE = "step_timeout.jsonl"  #: in output_dir: one line per stop, read by the run report
 _LIBRARY_DIRS = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
-_COLLECTIVES = frozenset(key for key, _ in _OPERATIONS if key != "prepare")
+_COLLECTIVES = frozenset(key for key, _ in OPERATIONS if key != "prepare")
 
 
 class Heartbeat:
-    """The progress counter: ``beats`` only ever grows, written by the training thread alone."""
+    """A run's progress counter: ``beats`` only ever grows, written by the training thread alone."""
+
+    __slots__ = ("beats",)
 
     def __init__(self) -> None:
         self.beats = 0
-
-
-HEART = Heartbeat()
 
 
 class StepTimeout(RuntimeError):
@@ -85,7 +93,7 @@ def thread_report(thread: threading.Thread, rank: int, beats: int, global_step: 
     """What the training ``thread`` is doing: its innermost own frame, trainwell's description, whether in a
     collective."""
     frame = sys._current_frames().get(thread.ident)
-    names = _names_from_frame(frame) if frame is not None else []
+    names = names_from_frame(frame) if frame is not None else []
     in_torch_distributed = frame is not None and any(
         "torch/distributed/" in f.f_code.co_filename.replace("\\", "/") for f, _ in traceback.walk_stack(frame))
     return {"rank": rank, "beats": beats, "frame": innermost_frame(frame), "doing": doing(names, global_step),
@@ -135,17 +143,18 @@ def auto_timeout(intervals: list[float]) -> float:
 
 
 class StallWatchdog(threading.Thread):
-    """Watches :data:`HEART` during one ``train()`` attempt of ``trainer`` (see the module docstring)."""
+    """Watches the run's ``heart`` during one ``train()`` attempt of ``trainer`` (see the module docstring)."""
 
-    def __init__(self, trainer: Any, timeout: float | str, generation: int, newest_checkpoint: NewestCheckpoint
-                 ) -> None:
+    def __init__(self, trainer: Any, heart: Heartbeat, timeout: float | str, generation: int,
+                 newest_checkpoint: NewestCheckpoint) -> None:
         super().__init__(name="trainwell-step-watchdog", daemon=True)
         self.trainer, self.generation, self.newest_checkpoint = trainer, generation, newest_checkpoint
+        self.heart = heart
         self.timeout: float | None = None if timeout == "auto" else float(timeout)
         runtime = trainer.runtime
         self.rank, self.world = runtime.process_index, runtime.num_processes
-        self.store = _store() if runtime.distributed else None
-        self.start_beats = HEART.beats
+        self.store = process_store() if runtime.distributed else None
+        self.start_beats = heart.beats
         # one beat per micro-batch and one per optimizer step: armed once the first step is done (it may compile)
         self.arm_at = self.start_beats + trainer.args.gradient_accumulation_steps + 1
         self.message: str | None = None
@@ -163,9 +172,10 @@ class StallWatchdog(threading.Thread):
             self.join(REPORT_WAIT + 1.0)
 
     def run(self) -> None:
-        beats, changed, intervals = HEART.beats, time.monotonic(), []
+        heart = self.heart
+        beats, changed, intervals = heart.beats, time.monotonic(), []
         while not self._stopped.wait(min(1.0, self.timeout / 4) if self.timeout else AUTO_POLL):
-            now, current = time.monotonic(), HEART.beats
+            now, current = time.monotonic(), heart.beats
             if current != beats:
                 if current - self.start_beats > AUTO_WARMUP:
                     intervals.append((now - changed) / (current - beats))
@@ -181,7 +191,7 @@ class StallWatchdog(threading.Thread):
     # ------------------------------------------------------------------------------------------- stopping the run
     def _fire(self, quiet: float) -> None:
         trainer = self.trainer
-        mine = thread_report(self._training, self.rank, HEART.beats, trainer.state.global_step)
+        mine = thread_report(self._training, self.rank, self.heart.beats, trainer.state.global_step)
         reports = self._exchange(mine)
         stuck = self._agree(verdict(reports, self.world))
         message = _message(trainer, quiet, stuck, reports, self.world, self.newest_checkpoint)
@@ -251,7 +261,7 @@ def _message(trainer: Any, quiet: float, stuck: list[int], reports: dict[int, di
         head = (f"No progress for {quiet:.0f} s ({setting}): {named}"
                 + (f"; the other processes were waiting for it: {'; '.join(waiting)}" if waiting else "") + ".")
     return (f"{head} Every process printed its Python stack to stderr and stops. "
-            f"{_resume_hint(trainer.args.output_dir, newest_checkpoint)}")
+            f"{resume_hint(trainer.args.output_dir, newest_checkpoint)}")
 
 
 def _record_within(trainer: Any, quiet: float, stuck: list[int], reports: dict[int, dict[str, Any]],
@@ -302,14 +312,14 @@ def watch(trainer: Any, newest_checkpoint: NewestCheckpoint) -> Iterator[None]:
     """Run the block under a :class:`StallWatchdog` when ``step_timeout`` is set; an error that reaches here after
     the watchdog fired (the ``StepTimeout`` it raised, or the collective a stopped process broke) becomes one
     :class:`StepTimeout` with the watchdog's message. ``newest_checkpoint(output_dir)`` names the checkpoint to
-    resume from (handed in by the layer that knows)."""
+    resume from (handed in by the layer that knows). The watchdog reads ``trainer.heartbeat``, the run's own."""
     global _generation
     timeout = trainer.args.step_timeout
     if timeout is None:
         yield
         return
     _generation += 1
-    dog = StallWatchdog(trainer, timeout, _generation, newest_checkpoint)
+    dog = StallWatchdog(trainer, trainer.heartbeat, timeout, _generation, newest_checkpoint)
     dog.start()
     try:
         yield

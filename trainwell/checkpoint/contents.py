@@ -196,6 +196,7 @@ CONTENTS: tuple[Piece, ...] = (
     Piece("pending_batch", RNG_NAME, True, True, False, Phase.DATA, "_save_rng_state", None, entry="read_ahead"),
     # The log window in progress: the first log after a resume averages the same steps as the uninterrupted run's.
     Piece("log_window", RNG_NAME, True, True, False, Phase.RNG, "_save_rng_state", None, entry="log_window"),
+    Piece("skipped_steps", RNG_NAME, True, True, False, Phase.RNG, "_save_rng_state", None, entry="skipped_steps"),
     Piece("data_position", "data_state.pth", True, True, False, Phase.DATA, "_save_rng_state", None),
     # Where the checkpoint stands in its epoch, in samples of all processes (``{"epoch", "samples"}``): a resume with
     # another global batch (another number of processes) continues at that sample, not at ``global_step`` x its batch.

@@ -50,6 +50,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def load_best_model(model: Any, files: CheckpointFiles, best_metric: float | None) -> None:
+    """``load_best_model_at_end``: the best checkpoint's weights (``files``) into the prepared ``model``."""
+    logger.info("Loading best model from %s (score: %s).", files.path, best_metric)
+    load_model(model, files, strict=False)
+
+
 def load_model(model: Any, files: CheckpointFiles, strict: bool = True) -> None:
     """The checkpoint's weights (shards or full) into ``model`` (sharded or not, a DeepSpeed engine): read by the
     checkpoint's form (``files``: the checkpoint as listed), whichever engine runs."""

@@ -79,6 +79,7 @@ class Resume:
     windows_done: int = 0
     #: the object store the checkpoint came from (``trainwell.checkpoint.store``), None for a local ``output_dir``
     remote: Any = field(default=None, repr=False, compare=False)
+    rollback: dict[str, Any] | None = None  #: rollback_on_spike chose this checkpoint: the log_history record of why
 
     def __post_init__(self) -> None:
         if self.files is None:

@@ -108,6 +108,18 @@ def loss_factors(
     return [n * world_size / denominator for n in micro_items]
 
 
+def loss_scaling(loss_is_scaled_for_ga: bool | None, model_accepts_loss_kwargs: bool, has_loss_func: bool
+                 ) -> tuple[bool, bool]:
+    """``(normalized_by_window, scaled_without_counts)``: whether the loss a micro-batch returns is already
+    normalized over its accumulation window (``loss_is_scaled_for_ga`` when set; else when the model takes
+    ``num_items_in_batch`` or a ``compute_loss_func`` is used), and whether it is when the window has no count
+    (only an explicit ``loss_is_scaled_for_ga`` or a ``compute_loss_func`` says so then: the model has nothing to
+    normalize by)."""
+    if loss_is_scaled_for_ga is not None:
+        return loss_is_scaled_for_ga, loss_is_scaled_for_ga
+    return model_accepts_loss_kwargs or has_loss_func, has_loss_func
+
+
 def uncounted_factors(window_length: int, loss_scaled_for_ga: bool) -> list[float]:
     """The factors of a window whose batches hold nothing to count (``num_items_in_batch`` is None), as the
     reference scales such a loss: as is when the loss says it is already scaled for the accumulation

@@ -10,11 +10,9 @@ overrides are honoured.
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 from trainwell.backend.runtime import mean_loss_sum
-from trainwell.backend.stall import HEART
 from trainwell.events.monitor import greater_is_better, is_improvement, metric_key
 from trainwell.loop.metric_checks import is_metric_number
 from trainwell.optim.schedulers import steps_on_metrics
@@ -46,12 +44,8 @@ def log(hooks: TrainerHooks, logs: dict[str, float], start_time: float | None = 
             seen = state.num_input_tokens_seen - run.initial_tokens_seen
             logs.update(speed_metrics("train", start_time, num_tokens=seen))
     state.log_history.append({**logs, "step": state.global_step})
-    if run is not None and run.live_log is not None:  # at log time only: one line appended to the run folder
-        run.live_log.append(state.log_history[-1])
+    # the log-time features (the live log, rollback_on_spike's watch) are callbacks the wiring adds
     hooks.control = hooks.callback_handler.on_log(hooks.args, state, hooks.control, logs)
-    spikes = getattr(run, "spikes", None)  # rollback_on_spike: judged once the loss is logged and shown
-    if spikes is not None and "loss" in logs and hooks.is_in_train:
-        spikes.check(state)
 
 
 def maybe_log_save_evaluate(
@@ -60,11 +54,12 @@ def maybe_log_save_evaluate(
 ) -> None:
     """Log the loss since the last log, evaluate, then save, each when its control flag is set."""
     control, state = hooks.control, hooks.state
-    throughput = getattr(hooks.training_run, "throughput", None)  # log_throughput's window in progress
-    guard = getattr(hooks.training_run, "guard", None)  # skip_nonfinite_steps: its count joins the log's one read
+    run = hooks.training_run
+    throughput = run.throughput  # log_throughput's window in progress
+    applier = run.applier  # skip_nonfinite_steps: its count joins the log's one read
     if control.should_log and state.global_step > tr_loss.last_logged_step:
-        extras = (grad_norm,) if guard is None else (grad_norm, guard.unread())
-        loss_sum, grad_norm, *skips = tr_loss.read_window(lambda total: mean_loss_sum(hooks.runtime, total), *extras)
+        loss_sum, grad_norm, skips = tr_loss.read_window(lambda total: mean_loss_sum(hooks.runtime, total), grad_norm,
+                                                         applier.unread())
         # a window with no finite loss logs NaN (LossTracker.read_window) but adds 0 to train_loss, as the reference
         tr_loss.logged_total += loss_sum if loss_sum == loss_sum or not tr_loss.nan_inf_filter else 0.0
         logs: dict[str, float] = {"loss": loss_sum / (state.global_step - tr_loss.last_logged_step)}
@@ -72,29 +67,27 @@ def maybe_log_save_evaluate(
             logs["grad_norm"] = grad_norm
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
-        skipped = guard.settle(skips[0], for_log=True) if guard is not None else 0
+        skipped = applier.settle(skips, for_log=True)
         if skipped:
             logs["skipped_nonfinite_steps"] = skipped
-        if throughput is not None:
-            logs.update(throughput.take())
+        logs.update(throughput.take())  # log_throughput's figures (none when it is off)
         tr_loss.last_logged_step = state.global_step
         hooks.store_flos()
         hooks.log(logs, start_time)
     if not (hooks.control.should_evaluate or hooks.control.should_save):
         return  # most steps
     # evaluating and saving is not training time for log_throughput
-    with throughput.paused() if throughput is not None else contextlib.nullcontext():
+    with throughput.paused():
         if hooks.control.should_evaluate:
             metrics = hooks._evaluate(trial, ignore_keys_for_eval)
             is_new_best = hooks._determine_best_metric(metrics, trial)
             if hooks.args.save_strategy == "best":
                 hooks.control.should_save = is_new_best
         if hooks.control.should_save:
-            if guard is not None:
-                guard.settle_now()  # skipped steps move the schedule back before it is saved (docs/resilience.md)
-            HEART.beats += 1  # step_timeout: a save is progress, at its start and at its end
+            applier.settle_now()  # skipped steps move the schedule back before it is saved (docs/resilience.md)
+            hooks.heartbeat.beats += 1  # step_timeout: a save is progress, at its start and at its end
             hooks._save_checkpoint(model, trial)
-            HEART.beats += 1
+            hooks.heartbeat.beats += 1
             hooks.control = hooks.callback_handler.on_save(hooks.args, hooks.state, hooks.control)
 
 

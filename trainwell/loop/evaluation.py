@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainwell.backend.stall import HEART
 from trainwell.data.loaders import has_length
 from trainwell.data.sharding import step_counts
 from trainwell.loop.accumulation import find_batch_size
@@ -108,7 +107,7 @@ def evaluation_loop(
     as_trained = hooks.precision.eval_dtype is None
     with hooks.precision.as_prepared(model) if as_trained else contextlib.nullcontext():
         for step, (item, is_last) in enumerate(_with_last(dataloader)):
-            HEART.beats += 1  # step_timeout's progress counter
+            hooks.heartbeat.beats += 1  # step_timeout's progress counter
             run.step(model, step, item, is_last, ignore_keys)
             hooks.control = hooks.callback_handler.on_prediction_step(args, hooks.state, hooks.control)
     return run.finish(metric_key_prefix)

@@ -23,18 +23,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainwell.args.trackers import wants_live_log
 from trainwell.backend.runtime import gather_loss_sum
-from trainwell.backend.stall import HEART
 from trainwell.checkpoint.contents import Phase
 from trainwell.data.train_loader import TrainFeed
 from trainwell.loop.epochs import EpochIterator
-from trainwell.loop.live_log import LiveLog
 from trainwell.loop.plan import StepPlan
 from trainwell.loop.progress import TrainingRun
 from trainwell.loop.rollback import DataSkips
 from trainwell.loop.step import OptimizerStep
-from trainwell.loop.system_sampler import SystemSampler
 from trainwell.outputs import TrainOutput
 from trainwell.state import TrainerState
 from trainwell.utils.metrics import speed_metrics
@@ -67,17 +63,12 @@ class FitLoop:
         self._init_state(plan)
         model = self._prepare(plan, loader)
         run = hooks.training_run = TrainingRun(hooks, plan, TrainFeed.of(loader))
-        if args.should_save and wants_live_log(args.report_to):  # each log as it happens, for report --watch
-            run.live_log = self._live_log(plan)
         epochs = EpochIterator(hooks, run.feed, plan, checkpointer)
         self._register(run, epochs)
         self.step = OptimizerStep(hooks, model, run)
         self.timing_compile = hooks.runtime.compile_backend is not None  # the first step compiles: say how long
         self.model, self.run = model, run
-        sampler = None
         try:  # from here on the optimizer carries the guard's found_inf: taken off below, however this ends
-            if run.live_log is not None:  # system metrics and the heartbeat, on a timer thread
-                sampler = SystemSampler.begin(run.live_log.path)
             first_epoch, last_epoch = self._begin(plan, model)
             for epoch in range(first_epoch, last_epoch):
                 skip_windows = resume.windows_done if resume is not None and epoch == first_epoch else 0
@@ -88,10 +79,7 @@ class FitLoop:
             checkpointer.wait()  # save_async: the last checkpoint is published before the best one is reloaded
         finally:
             checkpointer.finish_quietly()  # training failed: still let a checkpoint in flight reach the disk
-            if self.step.guard is not None:
-                self.step.guard.close()
-            if sampler is not None:
-                sampler.stop()
+            run.close()  # the step applier, and what callbacks opened for this train() call (run.on_close)
         return self._finish()
 
     def _begin(self, plan: StepPlan, model: Any) -> tuple[int, int]:
@@ -149,10 +137,8 @@ class FitLoop:
         hooks.state = TrainerState(stateful_callbacks=[*hooks.callback_handler.callbacks, hooks.control])
         self.checkpointer.restore(Phase.STATE)  # resuming: the checkpoint's state, and where its data stands
         state = hooks.state
-        self.rollback = hooks._pending_rollback  # rollback_on_spike went back to this checkpoint: record why
-        if self.rollback is not None:
-            state.log_history.append(self.rollback)
-            hooks._pending_rollback = None
+        if self.resume is not None and self.resume.rollback is not None:  # rollback_on_spike came back here: why
+            state.log_history.append(self.resume.rollback)
         state.is_hyper_param_search = self.trial is not None
         state.train_batch_size = plan.total_train_batch_size // (plan.accumulation * hooks.runtime.data_parallel_size)
         state.compute_steps(args, plan.max_steps)
@@ -175,13 +161,6 @@ class FitLoop:
         handler.train_dataloader = loader
         return model
 
-    def _live_log(self, plan: StepPlan) -> LiveLog:
-        """The run folder's live log, its session line written (``trainwell.loop.live_log``)."""
-        state, resume = self.hooks.state, self.resume
-        return LiveLog.begin(self.hooks._get_output_dir(self.trial), state.global_step,
-                             resume.path if resume is not None else None, plan.max_steps, state.num_input_tokens_seen,
-                             rollback=self.rollback)
-
     def _register(self, run: TrainingRun, epochs: EpochIterator) -> None:
         """Hand the checkpointer the loop's parts that a checkpoint keeps: the ``CONTENTS`` rows that no Trainer
         method restores (the Trainer's parts are saved and restored by its methods)."""
@@ -190,6 +169,7 @@ class FitLoop:
         checkpointer.register("pending_batch", epochs.pending_provider)
         checkpointer.register("epoch_samples", epochs.samples_provider)
         checkpointer.register("log_window", run.log_window)
+        checkpointer.register("skipped_steps", run.applier)  # skip_nonfinite_steps' count read at a save
         if feed.position is not None:  # a stateful IterableDataset's position
             checkpointer.register("data_position", feed.position)
 
@@ -226,7 +206,7 @@ class FitLoop:
         after the last of a skipped range the log window starts afresh."""
         state = self.hooks.state
         state.global_step += 1
-        HEART.beats += 1  # step_timeout: a batch read and passed over is progress
+        self.hooks.heartbeat.beats += 1  # step_timeout: a batch read and passed over is progress
         state.epoch = epoch + epochs.consumed / self.run.plan.steps_in_epoch
         if not self.skips.skips(state.global_step + 1):
             self.skips.advance(state.global_step)
@@ -259,7 +239,7 @@ class FitLoop:
         hooks.store_flos()
         metrics["total_flos"] = state.total_flos
         metrics["train_loss"] = train_loss
-        skipped = self.step.guard.finish() if self.step.guard is not None else 0
+        skipped = run.applier.finish()
         if skipped:  # skip_nonfinite_steps: every step this call did not apply
             metrics["skipped_nonfinite_steps"] = skipped
         if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:

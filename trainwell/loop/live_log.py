@@ -1,7 +1,8 @@
 """The live log: ``OUTPUT_DIR/live_log.jsonl``, each log entry of a run as it is logged, for watching a run live.
 
 Written only when ``report_to`` names ``"live"`` (``trainwell.args.trackers.SWITCHES``; ``trainwell demo`` and
-``trainwell train`` add it), so that a plain run's folder holds what the reference's holds.
+``trainwell train`` add it), so that a plain run's folder holds what the reference's holds: the wiring then adds
+:class:`LiveLogCallback`, which writes the session line at ``on_train_begin`` and each log at ``on_log``.
 
 Between two checkpoints a run writes nothing else that a reader could see: ``trainer_state.json`` is written with
 each checkpoint only (and by ``save_state()``). The live log fills that gap, so ``trainwell report`` (and its live
@@ -40,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainwell.events.callback import TrainerCallback
 from trainwell.utils.safe_files import UnsafeFileError, append_bytes, write_file
 
 logger = logging.getLogger(__name__)
@@ -110,6 +112,36 @@ class LiveLog:
 
     def _replace(self, data: bytes) -> None:
         write_file(self.path, data)  # a fresh temporary name, then a rename: replaces a link, never follows it
+
+
+class LiveLogCallback(TrainerCallback):
+    """Keeps the run folder's live log, on the process that saves (``args.should_save``): a session line when a
+    ``train()`` call begins (its start step, the checkpoint it resumed, and the rollback that chose it:
+    ``trainer.checkpointer.resume``), then each ``log_history`` entry as it is logged (before the callbacks after
+    it see the log). Added by the wiring when ``report_to`` names ``"live"``; ``trainer``: the facade, read at
+    ``on_train_begin`` only."""
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+        self.log: LiveLog | None = None  #: the live log of the last train() call (None before one)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not args.should_save:
+            return
+        trainer = self._trainer
+        resume = trainer.checkpointer.resume
+        folder = trainer._get_output_dir(getattr(trainer, "_trial", None))
+        self.log = LiveLog.begin(folder, state.global_step, resume.path if resume is not None else None,
+                                 state.max_steps, state.num_input_tokens_seen,
+                                 rollback=resume.rollback if resume is not None else None)
+        from trainwell.loop.system_sampler import SystemSampler  # it writes through this module's LiveLog
+
+        # system metrics and the heartbeat on a timer thread, stopped however this train() call ends
+        trainer.training_run.on_close(SystemSampler.begin(self.log.path).stop)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if self.log is not None:  # one line appended to the run folder, at log time only
+            self.log.append(state.log_history[-1])
 
 
 # --- reading ---------------------------------------------------------------------------------------------------------
@@ -223,4 +255,4 @@ def rebuild(records: list[dict[str, Any]], history: LiveHistory | None = None) -
     return history
 
 
-__all__ = ["LIVE_LOG_NAME", "LiveHistory", "LiveLog", "parse_lines", "rebuild"]
+__all__ = ["LIVE_LOG_NAME", "LiveHistory", "LiveLog", "LiveLogCallback", "parse_lines", "rebuild"]

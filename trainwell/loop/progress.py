@@ -12,6 +12,7 @@ none per step).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import warnings
@@ -22,13 +23,14 @@ import torch
 
 from trainwell.backend.runtime import gather_loss_sum
 from trainwell.checkpoint.checkpointer import Provider
-from trainwell.loop.rollback import SpikeWatch
-from trainwell.utils.throughput import ThroughputWindow, non_embedding_parameters, peak_flops
+from trainwell.loop.guard import StepGuard, step_applier
+from trainwell.utils.throughput import NoThroughput, ThroughputWindow, non_embedding_parameters, peak_flops
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from trainwell.data.train_loader import TrainFeed
     from trainwell.hooks import TrainerHooks
-    from trainwell.loop.live_log import LiveLog
     from trainwell.loop.plan import StepPlan
 
 
@@ -201,10 +203,9 @@ class TrainingRun:
         self.initial_global_step = state.global_step
         self.initial_tokens_seen = state.num_input_tokens_seen
         self.losses = LossTracker(runtime.device, args.logging_nan_inf_filter, last_logged_step=state.global_step)
-        #: ``skip_nonfinite_steps``'s guard (``trainwell.loop.guard.StepGuard``), set by the optimizer step
-        self.guard: Any = None
-        #: ``rollback_on_spike``'s watch over the logged loss (``trainwell.loop.rollback.SpikeWatch``; None: off)
-        self.spikes = SpikeWatch(args.rollback_on_spike) if args.rollback_on_spike is not None else None
+        #: how an optimizer step is applied: plainly, loss-scaled, or guarded (``skip_nonfinite_steps``), bound once
+        self.applier = step_applier(hooks, self.losses)
+        self.losses.guarded = isinstance(self.applier, StepGuard)
         #: the log window in progress, as a checkpoint keeps it: its loss sum averaged over processes (a collective,
         #: as at a log step); a resume continues it
         self.log_window = Provider(lambda: self._window(lambda total: gather_loss_sum(runtime, total)),
@@ -212,34 +213,52 @@ class TrainingRun:
         self.tokens_pending: Any = 0
         self.token_mode = args.include_num_input_tokens_seen
         #: ``log_throughput``: tokens (from shapes, no kernel) and training time of the log window in progress
-        self.throughput = _throughput_window(hooks) if args.log_throughput else None
-        self.counts_tokens = self.token_mode != "no" or self.throughput is not None
+        self.throughput = _throughput_window(hooks) if args.log_throughput else NoThroughput()
+        self.measures_throughput = bool(args.log_throughput)
+        self.counts_tokens = self.token_mode != "no" or self.measures_throughput
         self.main_input = hooks.model_info.main_input_name
         optimizer = getattr(hooks.optimizer, "optimizer", hooks.optimizer)
         #: schedule-free optimizers keep separate train/eval weights: ``train()``/``eval()`` switch them
         self.optimizer_has_modes = has_train_eval_modes(optimizer)
-        #: the run folder's live log (``trainwell.loop.live_log``), on the process that saves; set by the fit loop
-        self.live_log: LiveLog | None = None
+        self._closers: list[Callable[[], None]] = []
+
+    def on_close(self, close: Callable[[], None]) -> None:
+        """Have ``close`` called when this ``train()`` call ends, however it ends (an error included): the seam for
+        what a callback starts for one call (the live log's system-metrics thread), as ``on_train_end`` is not
+        reached when training raises."""
+        self._closers.append(close)
+
+    def close(self) -> None:
+        """The end of the call: the step applier's flags taken off the optimizer, then each ``on_close`` callable,
+        newest first; one that raises is logged and the others still run."""
+        self.applier.close()
+        while self._closers:
+            close = self._closers.pop()
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - cleaning up must not hide the error that ended training
+                logger.exception("Closing %r at the end of train() failed.", close)
+
+    @property
+    def guard(self) -> StepGuard | None:
+        """``skip_nonfinite_steps``' guard, for inspection (None: the steps are not guarded)."""
+        return self.applier if isinstance(self.applier, StepGuard) else None
 
     def _window(self, mean_over_processes: Any) -> dict[str, Any]:
-        window = self.losses.window(mean_over_processes)
-        if self.guard is not None and self.guard.pending:  # skipped steps the next log reports
-            window["skipped_nonfinite_steps"] = self.guard.pending
-        return window
+        return self.losses.window(mean_over_processes)
 
     def _continue_window(self, saved: Any) -> None:
         if isinstance(saved, dict):  # anything else is not a log window trainwell wrote: the window starts afresh
             self.losses.restore_window(saved)
-            skipped = saved.get("skipped_nonfinite_steps")
-            if self.guard is not None and isinstance(skipped, int) and skipped > 0:
-                self.guard.pending = skipped
+            # a checkpoint written before the guard's count had its own row ("skipped_steps") kept it here
+            self.applier.load_state_dict(saved.get("skipped_nonfinite_steps"))
 
     def count_tokens(self, inputs: Any) -> None:
         """Add one micro-batch's input tokens (``include_num_input_tokens_seen``) to the pending count."""
         main = inputs.get(self.main_input) if isinstance(inputs, Mapping) else None
         if not isinstance(main, torch.Tensor):
             return
-        if self.throughput is not None:
+        if self.measures_throughput:
             self.throughput.add(main.numel())
         if self.token_mode == "no":
             return

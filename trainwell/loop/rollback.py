@@ -2,13 +2,16 @@
 
 Owns the three parts of a rollback, and the record that ties them together:
 
-* :class:`SpikeWatch` looks at each logged training loss (``trainwell.loop.boundary.log``): above
+* :class:`SpikeWatch`, a callback the wiring adds last when ``rollback_on_spike`` is set, looks at each logged
+  training loss (its ``on_log``, after the other callbacks have shown it): above
   ``rollback_on_spike`` times the median of the last ``RECENT`` logged losses (once ``MIN_HISTORY`` of them exist
   and their median is positive), or not finite at all (with ``logging_nan_inf_filter``, the default, that means every
   loss of the log window was), it raises :class:`Rollback` before the step's evaluation and save;
-* :func:`attempts` catches it around the ``train()`` attempts: it picks the newest usable checkpoint at or before
+* the retry room's ``SpikeRollback`` policy (``trainwell.techniques.retry``) catches it around the ``train()``
+  attempts: it picks the newest usable checkpoint at or before
   the last step known good (the previous log), and trains again from it through the ordinary resume, with the
-  record of the rollback appended to the resumed state's ``log_history``; after ``MAX_ROLLBACKS`` it stops with an
+  record of the rollback on that :class:`~trainwell.checkpoint.resume.Resume` (``resume.rollback``), which the fit
+  loop appends to the resumed state's ``log_history``; after ``MAX_ROLLBACKS`` it stops with an
   error;
 * :class:`DataSkips` reads every such record from ``log_history`` and the fit loop passes over the recorded steps:
   their batches are read and dropped, no forward, no optimizer or scheduler step, no event; ``global_step`` moves on
@@ -33,10 +36,9 @@ import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainwell.args.resilience import MAX_ROLLBACKS
-from trainwell.checkpoint.checkpointer import Checkpointer
 from trainwell.checkpoint.layout import checkpoint_step, list_checkpoints
-from trainwell.checkpoint.resume import Resume, unusable_reason
+from trainwell.checkpoint.resume import unusable_reason
+from trainwell.events.callback import TrainerCallback
 
 if TYPE_CHECKING:
     from trainwell.state import TrainerState
@@ -48,7 +50,7 @@ MIN_HISTORY = 3  #: a spike is judged against at least this many earlier logged 
 FIRST, LAST = "skipped_steps_from", "skipped_steps_to"
 
 
-class Rollback(Exception):  # noqa: N818 - control flow, not an error: caught by attempts()
+class Rollback(Exception):  # noqa: N818 - control flow, not an error: caught by the retry room
     """A spike at ``step``: train again from a checkpoint at or before ``good_step``."""
 
     #: not a failure of this process: ``trainwell.backend.failures`` lets it pass (every process raises it alike)
@@ -70,11 +72,18 @@ def rollbacks(log_history: list[Any]) -> list[dict[str, Any]]:
             and isinstance(e.get(LAST), int)]
 
 
-class SpikeWatch:
-    """Judges each logged training loss of one ``train()`` call (see the module docstring)."""
+class SpikeWatch(TrainerCallback):
+    """Judges each logged training loss of a run (see the module docstring). ``in_train``: whether a ``train()`` call
+    is in progress (a loss logged outside one is not judged)."""
 
-    def __init__(self, factor: float) -> None:
+    def __init__(self, factor: float, in_train: Callable[[], bool] = lambda: True) -> None:
         self.factor = factor
+        self._in_train = in_train
+
+    def on_log(self, args: Any, state: TrainerState, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if logs is not None and "loss" in logs and self._in_train():
+            self.check(state)
 
     def check(self, state: TrainerState) -> None:
         """Raise :class:`Rollback` when the loss just logged (the last entry of ``state.log_history``) spiked."""
@@ -135,49 +144,3 @@ def last_good_checkpoint(output_dir: str, good_step: int) -> str | None:
         if step is not None and step <= good_step and unusable_reason(path) is None:
             return str(path)
     return None
-
-
-def attempts(trainer: Any, train_once: Callable[[Resume | None], Any]) -> Callable[[Resume | None], Any]:
-    """``train_once(resume)`` (the checkpoint found for the ``train()`` call), trained again from the last good
-    checkpoint after each :class:`Rollback` (with ``rollback_on_spike`` set; otherwise ``train_once`` itself)."""
-    factor = trainer.args.rollback_on_spike
-    if factor is None:
-        return train_once
-
-    def train(resume: Resume | None) -> Any:
-        done = 0  # this call's rollbacks (an older checkpoint's history may not hold the records of all of them)
-        while True:
-            try:
-                return train_once(resume)
-            except Rollback as spike:
-                spike.count = max(spike.count, done)
-                resume = Checkpointer.find(trainer, _rollback_point(trainer, spike, factor))  # as train() finds one
-                done = spike.count + 1
-
-    return train
-
-
-def _rollback_point(trainer: Any, spike: Rollback, factor: float) -> str:
-    what = (f"the logged loss {spike.loss:.6g} at step {spike.step} is "
-            + (f"above {factor:g} x the median {spike.median:.6g} of the recent logged losses"
-               if math.isfinite(spike.loss) else "not finite"))
-    if spike.count >= MAX_ROLLBACKS:
-        raise RuntimeError(
-            f"rollback_on_spike: {what}, after {spike.count} rollbacks in this run (trainer_state.json's log_history "
-            "records them): the spikes keep coming back, so the data windows skipped were not the cause. Stopping. "
-            "Lower learning_rate, set max_grad_norm (e.g. 1.0), add warmup, or check the data and the model."
-        ) from spike
-    output_dir = trainer._get_output_dir(getattr(trainer, "_trial", None))
-    checkpoint = last_good_checkpoint(output_dir, spike.good_step)
-    if checkpoint is None:
-        raise RuntimeError(
-            f"rollback_on_spike: {what}, but {output_dir} holds no usable checkpoint at or before step "
-            f"{spike.good_step} (the last step logged before the spike) to go back to. Save more often than the "
-            "spikes come (save_steps), keep older checkpoints (save_total_limit of 2 or more), or set "
-            "rollback_on_spike=None."
-        ) from spike
-    step = checkpoint_step(checkpoint)
-    trainer._pending_rollback = spike.record(step)
-    logger.warning("rollback_on_spike: %s. Going back to %s and skipping the data of steps %d-%d (rollback %d of at "
-                   "most %d).", what, checkpoint, step + 1, spike.step, spike.count + 1, MAX_ROLLBACKS)
-    return checkpoint

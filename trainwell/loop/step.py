@@ -9,8 +9,10 @@ backward, is ``Trainer.training_step``). For each window:
 2. run ``trainer.training_step`` per micro-batch in the engine's micro-batch context (all but the last
    without a gradient all-reduce, one per window; under DeepSpeed the last is marked as the window's
    boundary), adding each returned loss to the run's ``LossTracker``;
-3. clip (unscaling fp16 gradients), ``optimizer.step()``, step the scheduler unless the step was skipped
-   (fp16 overflow) or the scheduler follows evaluation metrics, and let the engine drop the gradients.
+3. clip (unscaling fp16 gradients), apply the step through the run's step applier (``trainwell.loop.guard``: the
+   plain step, the loss-scaled one, or ``skip_nonfinite_steps``' guard, bound once), step the scheduler unless the
+   step was skipped (fp16 overflow) or the scheduler follows evaluation metrics, and let the engine drop the
+   gradients.
    DeepSpeed has done its clip, step and zeroing in the boundary's backward already: its optimizer's ``step``
    is a no-op, the norm is the one it measured, and its engine leaves the gradients alone.
 
@@ -21,14 +23,12 @@ the trainable parameters listed once.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainwell.backend.stall import HEART
-from trainwell.loop.accumulation import count_items, loss_factors, uncounted_factors
-from trainwell.loop.guard import StepGuard
+from trainwell.backend.precision import clipping_limit
+from trainwell.loop.accumulation import count_items, loss_factors, loss_scaling, uncounted_factors
 from trainwell.optim.schedulers import steps_on_metrics
 from trainwell.utils.model import accepts_keyword
 
@@ -50,42 +50,43 @@ class OptimizerStep:
         world = runtime.data_parallel_size  # processes of one tensor-parallel group share their batches
         self.average_across = bool(args.average_tokens_across_devices) and world > 1
         self.loss_world = world if self.average_across else 1
-        scaled = hooks.loss_is_scaled_for_ga
-        if scaled is None:
-            scaled = bool(hooks.model_accepts_loss_kwargs) or hooks.compute_loss_func is not None
+        scaled, self.scaled_without_counts = loss_scaling(hooks.loss_is_scaled_for_ga,
+                                                          bool(hooks.model_accepts_loss_kwargs),
+                                                          hooks.compute_loss_func is not None)
         self.loss_normalized_by_window = scaled
-        # a window with no count leaves the model nothing to normalize by: only these say the loss is scaled then
-        explicit = hooks.loss_is_scaled_for_ga
-        self.scaled_without_counts = explicit if explicit is not None else hooks.compute_loss_func is not None
         # With one micro-batch per step on one process and a mean loss, every factor is exactly 1: skip it all.
         self.needs_counts = scaled or args.gradient_accumulation_steps > 1 or self.average_across
+        self.unscaled = [None] * args.gradient_accumulation_steps  # the factors then: each loss left as it is
         self.label_names = hooks.label_names or ["labels"]
         self.shift_labels = hooks.model_info.shifts_labels
         # Trainable parameters, listed once: clipping and zeroing then skip the module-tree walk per step.
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.scheduler_on_metrics = steps_on_metrics(hooks.lr_scheduler)
-        self.max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
+        self.steps_schedule = not steps_on_metrics(hooks.lr_scheduler)
+        self.max_norm = clipping_limit(args.max_grad_norm)
         # The engine's parts of a step, bound once: a micro-batch's context, and dropping the gradients after it
         self.micro_batch, self.drop_gradients = runtime.engine.micro_batch, runtime.engine.drop_gradients
-        #: an override of training_step written to the reference's older (model, inputs) signature
-        self.step_takes_items = accepts_keyword(hooks.training_step, "num_items_in_batch")
+        self.heart = hooks.heartbeat  # the run's progress counter (step_timeout's watchdog reads it)
         # The default floating_point_ops adds 0 for a model that reports no size: skip calling it then.
         default_flops = getattr(type(hooks).floating_point_ops, "is_trainwell_default", False)
         self.counts_flops = not default_flops or hooks.model_info.counts_flops
         self.grad_norm: Any = None
         self.learning_rate: float | None = None
         self.listening: dict[str, bool] = {}
-        #: ``skip_nonfinite_steps`` (None: off); the log/save boundary reads its count through the run
-        self.guard = run.guard = StepGuard.of(hooks, run.losses)
-        # the device path's view of the window's loss (the host path asks the loss tracker instead)
-        self.sums_loss = self.guard is not None and self.guard.with_loss and not self.guard.on_host
-        run.losses.guarded = self.guard is not None
+        #: how the step is applied (the run's, bound once: ``trainwell.loop.guard``)
+        self.applier = run.applier
+        self.sums_loss = self.applier.needs_window_loss  # the guard's device path reads the window's summed loss
         self.window_loss: Any = None
 
     def listen(self) -> None:
         """Note which per-step events have listeners, once the callbacks are settled (after on_train_begin)."""
-        handler = self.hooks.callback_handler
+        hooks = self.hooks
+        handler = hooks.callback_handler
         self.listening = {event: handler.has_listeners(event) for event in PER_STEP_EVENTS}
+        # training_step, bound once: an override written to the reference's older (model, inputs) signature is
+        # called without the count
+        self.training_step = hooks.training_step
+        if not accepts_keyword(hooks.training_step, "num_items_in_batch"):
+            self.training_step = lambda model, inputs, num_items: hooks.training_step(model, inputs)
 
     def _fire(self, event: str) -> None:
         hooks = self.hooks
@@ -102,15 +103,12 @@ class OptimizerStep:
             self._fire("on_step_begin")
         else:
             hooks.control._new_step()  # the flag reset the handler would do, without the dispatch
-        heart = HEART  # step_timeout's progress counter: a plain int add per micro-batch
+        heart = self.heart  # step_timeout's progress counter: a plain int add per micro-batch
         for i, inputs in enumerate(batches):
             heart.beats += 1
-            hooks.micro_batch_loss_scale = factors[i] if factors is not None else None
+            hooks.micro_batch_loss_scale = factors[i]
             with self.micro_batch(self.model, i == last):
-                if self.step_takes_items:
-                    loss = hooks.training_step(self.model, inputs, num_items)
-                else:
-                    loss = hooks.training_step(self.model, inputs)
+                loss = self.training_step(self.model, inputs, num_items)
             losses.add(loss, state.global_step - losses.last_logged_step)
             if self.sums_loss:  # the guard's view of the window's loss: one add per micro-batch after the first
                 self.window_loss = loss if i == 0 else self.window_loss + loss
@@ -123,10 +121,10 @@ class OptimizerStep:
         self._optimizer_step()
         heart.beats += 1  # and one per optimizer step done (the watchdog arms once the first one is)
 
-    def _window_scaling(self, batches: list[Any]) -> tuple[torch.Tensor | int | None, list[Any] | None]:
+    def _window_scaling(self, batches: list[Any]) -> tuple[torch.Tensor | int | None, list[Any]]:
         """``num_items_in_batch`` for the window and each micro-batch's loss factor (None: leave as is)."""
         if not self.needs_counts:
-            return None, None
+            return None, self.unscaled
         device = self.runtime.device
         micro = [count_items(b, self.label_names, self.shift_labels) for b in batches]
         if any(items is None for items in micro):  # batches without tensors (TRL's GRPO): nothing to count
@@ -141,18 +139,13 @@ class OptimizerStep:
 
     def _optimizer_step(self) -> None:
         hooks = self.hooks
-        guard = self.guard
         self.grad_norm = self.precision.clip_grad_norm_(self.params, self.max_norm)
         if self.listening["on_pre_optimizer_step"]:
             self._fire("on_pre_optimizer_step")
-        if guard is None or guard.scaler_skips or guard.decide(self.grad_norm, self.window_loss):
-            hooks.optimizer.step()
-        skipped = self.precision.can_skip_steps and self.precision.step_was_skipped  # fp16 overflow
-        if guard is not None and guard.undoes:
-            guard.after_step(skipped)
+        skipped = self.applier.apply(self.grad_norm, self.window_loss)  # True: a loss scaler's skip (fp16 overflow)
         if self.listening["on_optimizer_step"]:
             self._fire("on_optimizer_step")
         self.learning_rate = hooks._get_learning_rate()
-        if not self.scheduler_on_metrics and not skipped:
+        if self.steps_schedule and not skipped:
             hooks.lr_scheduler.step()
         self.drop_gradients(self.params)

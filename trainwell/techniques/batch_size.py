@@ -1,7 +1,8 @@
 """``auto_find_batch_size``: on an out-of-memory error, train again with a smaller micro-batch.
 
 Owns recognising an out-of-memory error (CUDA, MPS, the CPU allocator, HPU; ``torch.OutOfMemoryError``), the
-next micro-batch, and the retry around one ``train()``. Where the reference only shrinks the batch (by 10% at
+next micro-batch, and :class:`BatchSearch`, its policy in the retry room of one ``train()`` call
+(``trainwell.techniques.retry``). Where the reference only shrinks the batch (by 10% at
 a time, so the optimization changes), trainwell keeps the global batch: the micro-batch becomes the largest
 divisor of the global batch at most half the previous one, and ``gradient_accumulation_steps`` grows to match,
 so the loss curve is the one that was asked for. The choice is logged, kept in ``trainer_state.json``
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,33 +39,39 @@ def smaller_micro_batch(micro_batch: int, global_batch: int) -> int | None:
     return None
 
 
-def train_with_batch_search(trainer: Any, train_once: Callable[[Resume | None], Any], resume: Resume | None) -> Any:
-    """Run ``train_once(resume)``, shrinking the micro-batch after each out-of-memory error."""
-    trainer.runtime.engine.check_batch_search()  # DeepSpeed fixes the micro-batch in its config
-    args = trainer.args
-    restore_chosen_size(trainer, resume)
-    while True:
-        try:
-            return train_once(resume)
-        except Exception as error:
-            if not is_out_of_memory(error):
-                raise
-            resume = _retry_point(trainer, error, resume)
-            micro, steps = trainer._train_batch_size, args.gradient_accumulation_steps
-            smaller = smaller_micro_batch(micro, micro * steps)
-            if smaller is None:
-                raise RuntimeError(
-                    "auto_find_batch_size: out of memory with a micro-batch of 1; the model does not fit at any batch "
-                    "size (try bf16, activation_checkpointing, or a smaller model)."
-                ) from error
-            _free_memory(trainer)
-            trainer._train_batch_size = smaller
-            args.gradient_accumulation_steps = micro * steps // smaller
-            logger.warning(
-                "auto_find_batch_size: out of memory with a micro-batch of %d; training again with %d x %d "
-                "accumulation steps (the global batch of %d is kept).", micro, smaller,
-                args.gradient_accumulation_steps, micro * steps,
-            )
+class BatchSearch:
+    """The retry room's policy for ``auto_find_batch_size`` (``trainwell.techniques.retry``): after an out-of-memory
+    error, the next micro-batch, from the same start or this call's newest checkpoint."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def begin(self, resume: Resume | None) -> None:
+        self.trainer.runtime.engine.check_batch_search()  # DeepSpeed fixes the micro-batch in its config
+        restore_chosen_size(self.trainer, resume)
+
+    def recovers(self, error: Exception) -> bool:
+        return is_out_of_memory(error)
+
+    def retry(self, error: Exception, resume: Resume | None) -> Resume | None:
+        trainer, args = self.trainer, self.trainer.args
+        resume = _retry_point(trainer, error, resume)
+        micro, steps = trainer._train_batch_size, args.gradient_accumulation_steps
+        smaller = smaller_micro_batch(micro, micro * steps)
+        if smaller is None:
+            raise RuntimeError(
+                "auto_find_batch_size: out of memory with a micro-batch of 1; the model does not fit at any batch "
+                "size (try bf16, activation_checkpointing, or a smaller model)."
+            ) from error
+        _free_memory(trainer)
+        trainer._train_batch_size = smaller
+        args.gradient_accumulation_steps = micro * steps // smaller
+        logger.warning(
+            "auto_find_batch_size: out of memory with a micro-batch of %d; training again with %d x %d "
+            "accumulation steps (the global batch of %d is kept).", micro, smaller,
+            args.gradient_accumulation_steps, micro * steps,
+        )
+        return resume
 
 
 def restore_chosen_size(trainer: Any, resume: Resume | None) -> None:

@@ -59,6 +59,19 @@ def non_embedding_parameters(model: nn.Module) -> int:
     return total
 
 
+class NoThroughput:
+    """``log_throughput`` off: nothing counted, nothing logged (the same calls as :class:`ThroughputWindow`)."""
+
+    def add(self, tokens: int) -> None:
+        """Nothing to count."""
+
+    def paused(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def take(self) -> dict[str, Any]:
+        return {}
+
+
 class ThroughputWindow:
     """Counts tokens and training time between two logs; time spent evaluating or saving is left out."""
 
