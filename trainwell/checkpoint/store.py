@@ -63,16 +63,6 @@ class Store(Protocol):
         """The regular files at the top of ``folder`` (the final ``save_model()``: weights, config, tokenizer,
         arguments; the run's ``trainer_state.json`` and metrics), uploaded to the store's root; not the checkpoints,
         the logs or hidden files."""
-        files = sorted(p.name for p in Path(folder).iterdir()
-                       if p.is_file() and not p.is_symlink() and not p.name.startswith("."))
-        try:
-            self.fs.makedirs(self.root, exist_ok=True)
-            if files:
-                self.fs.put([str(Path(folder) / f) for f in files], [self._path(f) for f in files])
-        except Exception as err:  # noqa: BLE001
-            raise self._fail("upload the model", err, staged=Path(folder)) from None
-        finally:
-            self.fs.invalidate_cache()
 
     def delete(self, name: str) -> None:
         """Remove the checkpoint ``name``: its manifest first."""
