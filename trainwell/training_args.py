@@ -322,8 +322,7 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
         "checkpoint is written into before it is uploaded, and where logs and the live log stay (default: "
         "trainwell_staging/{scheme}/{bucket}/{path} in the working directory; docs/checkpoints.md).")
     storage_options: dict | str | None = _arg(
-        None, "trainwell: options for the object store of a URL output_dir, passed to fsspec (credentials, "
-        "endpoint_url, ...), as a dict or a JSON object string; never written or printed.")
+        None, "trainwell: fsspec's options for a URL output_dir's store (a dict or JSON); never printed.")
 
     def __post_init__(self) -> None:
         normalize.normalize_args(self, AcceleratorConfig)
@@ -417,15 +416,9 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
         Created on first access, not at construction as in the reference: building arguments alone never sets
         up process-wide state (under ``torchrun`` this initializes the process group, as the Trainer would).
         """
-        from accelerate import PartialState
+        from trainwell.args.launcher import partial_state
 
-        from trainwell.args.launcher import accelerate_cpu
-        from trainwell.utils.rendezvous import init_method
-
-        backend = {"backend": self.ddp_backend} if self.ddp_backend else {}
-        if (method := init_method()) is not None:  # under torchrun: a key space per restart
-            backend["init_method"] = method
-        return PartialState(cpu=accelerate_cpu(self), timeout=self.ddp_timeout_delta, **backend)
+        return partial_state(self)
 
     def get_process_log_level(self) -> int:
         """The ``logging`` level for this process: ``log_level`` if ``should_log``, else ``log_level_replica``.
@@ -477,9 +470,7 @@ class TrainingArguments(metaclass=aliases.AliasInitMeta):
             if f.init and not (f.name in TRAINWELL_ONLY and getattr(self, f.name) == f.default)
         }
         out.update({name: f"<{name.upper()}>" for name in out if name.endswith("_token")})
-        if out.get("storage_options"):  # credentials: the keys are shown, never the values
-            out["storage_options"] = {key: storage.HIDDEN for key in out["storage_options"]}
-        return out
+        return storage.hide_options(out)
 
     def to_json_string(self) -> str:
         """:meth:`to_dict` as indented JSON with sorted keys (anything exotic is written with ``str``)."""

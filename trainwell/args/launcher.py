@@ -53,3 +53,17 @@ def accelerate_cpu(args: Any) -> bool:
     if any(os.environ.get(name, "false").lower() in ("true", "1") for name in _ENGINE_VARIABLES):
         return False
     return args.device.type == "cpu"
+
+
+def partial_state(args: Any) -> Any:
+    """Accelerate's ``PartialState`` for ``args`` (``cpu=`` from :func:`accelerate_cpu`, ``ddp_timeout``,
+    ``ddp_backend``); under torchrun its process group joins through trainwell's rendezvous, a key space per restart
+    (``trainwell.utils.rendezvous``)."""
+    from accelerate import PartialState
+
+    from trainwell.utils.rendezvous import init_method
+
+    backend = {"backend": args.ddp_backend} if args.ddp_backend else {}
+    if (method := init_method()) is not None:
+        backend["init_method"] = method
+    return PartialState(cpu=accelerate_cpu(args), timeout=args.ddp_timeout_delta, **backend)

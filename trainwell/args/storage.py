@@ -33,6 +33,14 @@ SCHEMES: dict[str, tuple[str | None, str]] = {
 }
 STAGING_ENV = "TRAINWELL_STAGING_DIR"
 HIDDEN = "<HIDDEN>"  #: what ``to_dict`` shows of each ``storage_options`` value
+
+
+def hide_options(serialized: dict[str, Any]) -> dict[str, Any]:
+    """``serialized`` (``TrainingArguments.to_dict``'s output) with each ``storage_options`` value replaced by
+    :data:`HIDDEN`: credentials are never written or printed, their keys still say what was set."""
+    if serialized.get("storage_options"):
+        serialized["storage_options"] = {key: HIDDEN for key in serialized["storage_options"]}
+    return serialized
 STAGING_DEFAULT = "trainwell_staging"
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
