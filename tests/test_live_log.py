@@ -13,9 +13,10 @@ import pytest
 
 from tests.common.models import RegressionDataset, RegressionModel
 from trainwell import Trainer, TrainerCallback, TrainingArguments
-from trainwell.loop.live_log import LIVE_LOG_NAME, MAX_LINE_BYTES, LiveLog, parse_lines, rebuild
+from trainwell.loop.live_log import LIVE_LOG_NAME, MAX_LINE_BYTES, LiveLog
 from trainwell.report import load_run, summary
 from trainwell.report.live import LiveLogReader, merge_state
+from trainwell.report.live_reader import parse_lines, rebuild
 
 
 class Peek(TrainerCallback):

@@ -16,8 +16,9 @@ import pytest
 from tests.common.models import RegressionDataset, RegressionModel
 from tests.common.timing import hang_timeout
 from trainwell import Trainer, TrainerCallback, TrainingArguments
-from trainwell.loop.live_log import LIVE_LOG_NAME, parse_lines, rebuild
+from trainwell.loop.live_log import LIVE_LOG_NAME
 from trainwell.loop.system_sampler import SystemSampler
+from trainwell.report.live_reader import parse_lines, rebuild
 from trainwell.report.watch import WatchedRun, Watcher, watch_runs
 from trainwell.report.watch_state import run_state
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import time
 from typing import Any
 
 from trainwell.integrations.base import TrackerCallback, resolve_logging_dir
+from trainwell.utils.jsonl import append_json_line
 from trainwell.utils.safe_files import append_bytes, read_bytes, write_file
 
 
@@ -43,8 +43,7 @@ class JsonlLoggerCallback(_FileLogger):
     filename = "logs.jsonl"
 
     def log_metrics(self, logs: dict[str, Any], step: int, args: Any, state: Any) -> None:
-        line = json.dumps(self._record(logs, step, state), default=str)
-        append_bytes(self.path, (line + "\n").encode("utf-8"))  # a regular file only: never through a link
+        append_json_line(self.path, self._record(logs, step, state))  # the live log's writer: one line, no link
 
 
 class CsvLoggerCallback(_FileLogger):

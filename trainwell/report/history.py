@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainwell.loop.live_log import LIVE_LOG_NAME, LiveHistory
+from trainwell.loop.live_log import LIVE_LOG_NAME
 from trainwell.report.curves import NOT_CURVES
 from trainwell.report.incidents import incidents
 from trainwell.report.live import merge_state, read_live_log, resume_points
+from trainwell.report.live_reader import LiveHistory
 from trainwell.report.run_info import run_info, session_hyperparameters, with_session_values
 from trainwell.report.sessions import (
     Session,

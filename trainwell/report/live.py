@@ -17,8 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainwell.loop.live_log import LIVE_LOG_NAME, MAX_LINE_BYTES, LiveHistory, parse_lines, rebuild
+from trainwell.loop.live_log import LIVE_LOG_NAME, MAX_LINE_BYTES
 from trainwell.report.files import open_regular
+from trainwell.report.live_reader import LiveHistory, parse_lines, rebuild
 
 #: the most of a live log read at once; a longer one is read from its last MAX_BYTES (its start then unknown)
 MAX_BYTES = 256 << 20

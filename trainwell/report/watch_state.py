@@ -26,9 +26,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from trainwell.loop.live_log import LiveHistory
 from trainwell.report.curves import downsample
 from trainwell.report.history import RunHistory
+from trainwell.report.live_reader import LiveHistory
 
 #: seconds without a heartbeat after which a run on another machine is taken as stopped
 STALE_AFTER = 120.0
