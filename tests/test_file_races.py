@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from tests.common.timing import hang_timeout
 from trainwell.checkpoint import manifest
 from trainwell.checkpoint.io import read_model_weights
 from trainwell.checkpoint.resume import manifest_problem
@@ -87,7 +88,7 @@ def _race(folder: Path, spare: Path, kind: str, check_first: bool) -> dict[str, 
             counts["other" if bias[0].item() == 7.0 else "good"] += 1
     finally:
         (spare / "stop").touch()
-        swapper.wait(timeout=60)
+        swapper.wait(timeout=hang_timeout(60))
     return counts
 
 

@@ -170,8 +170,9 @@ def test_hover_zoom_smoothing_and_a_killed_run_in_a_browser(tmp_path):
         before = page.js("T.chart('loss')")
         assert before["xkind"] == "step" and float(before["x1"]) == 400
         # hover: the values of every shown run at the pointer
-        page.js("T.at('loss', 'mousemove', 0.5, 0.5)")
-        tip = page.js("T.chart('loss').tip")
+        # hovered again until the live run's first losses reached the chart (its state can arrive before them)
+        tip = page.wait("(T.at('loss', 'mousemove', 0.5, 0.5), T.chart('loss').tip)", lambda t: "live:" in (t or ""),
+                        "the live run's value under the pointer")
         assert re.search(r"static: train loss = [\d.]+ \(smoothed [\d.]+\), step \d+", tip), tip
         assert re.search(r"live: train loss = [\d.]+( \(smoothed [\d.]+\))?, step \d+, at (\d+m)?\d+s", tip), tip
         page.js("T.set('smoothing', '0.5')")  # a redraw (new data does the same): the values stay shown
