@@ -306,6 +306,7 @@ def test_a_missing_bucket_or_credentials_are_said_before_any_step(server, bucket
     ({"output_dir": "s3://"}, ValueError, "names no bucket"),
     ({"output_dir": "s3://bucket/run", "save_on_each_node": True}, ValueError, "save_on_each_node=True with"),
     ({"output_dir": "run", "output_staging_dir": "stage"}, ValueError, "output_staging_dir='stage' is for a run"),
+    ({"output_dir": "run", "storage_options": {"key": "SECRET"}}, ValueError, r"storage_options \(keys \['key'\]\)"),
     ({"output_dir": "s3://bucket/run", "storage_options": "{not json"}, ValueError, "storage_options: pass a dict"),
 ])
 def test_bad_inputs_are_refused_at_construction(kwargs, error, match, monkeypatch):

@@ -128,6 +128,10 @@ def check_storage_args(args: Any) -> None:
         if getattr(args, "output_staging_dir", None) is not None:
             raise ValueError(f"output_staging_dir={args.output_staging_dir!r} is for a run whose output_dir is a URL; "
                              f"output_dir={url!r} is a local folder already. Leave output_staging_dir unset.")
+        if getattr(args, "storage_options", None) and not is_url(resume):  # keys only: the values may be secrets
+            raise ValueError(f"storage_options (keys {sorted(args.storage_options)}) is for an object store, and "
+                             f"output_dir={url!r} is a local folder: nothing would use it. Leave storage_options "
+                             "unset, or make output_dir an s3://, gs://, az:// or file:// URL.")
         return
     check_url(url)
     if args.save_on_each_node:
