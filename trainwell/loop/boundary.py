@@ -60,8 +60,7 @@ def maybe_log_save_evaluate(
     if control.should_log and state.global_step > tr_loss.last_logged_step:
         loss_sum, grad_norm, skips = tr_loss.read_window(lambda total: mean_loss_sum(hooks.runtime, total), grad_norm,
                                                          applier.unread())
-        # a window with no finite loss logs NaN (LossTracker.read_window) but adds 0 to train_loss, as the reference
-        tr_loss.logged_total += loss_sum if loss_sum == loss_sum or not tr_loss.nan_inf_filter else 0.0
+        tr_loss.add_logged(loss_sum)
         logs: dict[str, float] = {"loss": loss_sum / (state.global_step - tr_loss.last_logged_step)}
         if grad_norm is not None:
             logs["grad_norm"] = grad_norm

@@ -130,6 +130,11 @@ class LossTracker:
         self.last_logged_step = int(saved["last_logged_step"])
         self.logged_total -= loss_sum
 
+    def add_logged(self, loss_sum: float) -> None:
+        """Count a logged window's loss sum into ``logged_total`` (``train_loss``). A window without one finite loss,
+        logged as NaN under ``logging_nan_inf_filter`` (:meth:`read_window`), counts 0, as the reference's does."""
+        self.logged_total += 0.0 if self.nan_inf_filter and math.isnan(loss_sum) else loss_sum
+
     def take(self) -> torch.Tensor | float:
         """The sum since the last take (a sync point on an accelerator), resetting it."""
         value = self._take_total()
